@@ -1,0 +1,47 @@
+# All set-up is here: `make bench` (the main job) and `make test` (both environments) need nothing else.
+PYTHON ?= python3
+TORCH_ENV := .venv-torch
+PADDLE_ENV := .venv-paddle
+REF_TOMESD := .refs/tomesd-0.1.3/tomesd/__init__.py
+# stable-diffusion-sdkit ships the original `ldm` code; its own pins are for a whole app, hence --no-deps.
+SDKIT := stable-diffusion-sdkit==2.1.5
+BENCH_ARGS ?=
+
+.PHONY: bench test test-torch test-paddle envs clean
+
+bench: $(TORCH_ENV)/.ready
+	$(TORCH_ENV)/bin/python -m tomesd bench $(BENCH_ARGS)
+
+test: test-torch test-paddle
+
+# (a) current torch stack: diffusers 0.42, tomesd 0.1.3 reference, LDM from sdkit.
+test-torch: $(TORCH_ENV)/.ready $(REF_TOMESD)
+	$(TORCH_ENV)/bin/python -m pytest -q tests/core tests/torch tests/cli
+
+# (b) paddle stack with its older huggingface_hub, plus torch + diffusers 0.32 for cross-framework
+#     parity; the torch adapter tests run here too, so they cover diffusers 0.32 as well.
+test-paddle: $(PADDLE_ENV)/.ready $(REF_TOMESD)
+	$(PADDLE_ENV)/bin/python -m pytest -q tests/core tests/torch tests/paddle
+
+envs: $(TORCH_ENV)/.ready $(PADDLE_ENV)/.ready $(REF_TOMESD)
+
+$(TORCH_ENV)/.ready: requirements/torch.lock pyproject.toml
+	$(PYTHON) -m venv $(TORCH_ENV)
+	$(TORCH_ENV)/bin/pip install -q -r requirements/torch.lock
+	$(TORCH_ENV)/bin/pip install -q --no-deps $(SDKIT)
+	$(TORCH_ENV)/bin/pip install -q --no-deps -e .
+	touch $@
+
+$(PADDLE_ENV)/.ready: requirements/paddle.lock pyproject.toml
+	$(PYTHON) -m venv $(PADDLE_ENV)
+	$(PADDLE_ENV)/bin/pip install -q -r requirements/paddle.lock
+	$(PADDLE_ENV)/bin/pip install -q --no-deps $(SDKIT)
+	$(PADDLE_ENV)/bin/pip install -q --no-deps -e .
+	touch $@
+
+# The reference goes beside, not into, the environments: it is also called `tomesd`.
+$(REF_TOMESD):
+	$(PYTHON) -m pip install -q --no-deps --target .refs/tomesd-0.1.3 tomesd==0.1.3
+
+clean:
+	rm -rf $(TORCH_ENV) $(PADDLE_ENV) .refs

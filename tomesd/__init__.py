@@ -1,0 +1,14 @@
+"""Token Merging for Stable Diffusion on PyTorch and PaddlePaddle, from one implementation.
+
+Importing this package imports neither torch nor paddle. It makes `pipe.apply_tome()` /
+`remove_tome()` on ppdiffusers objects run this implementation, whether ppdiffusers is imported
+before or after it.
+"""
+from . import merge
+from .adapters import ppdiffusers as _ppdiffusers
+from .patch import apply_patch, remove_patch
+
+__version__ = "0.2.0"
+__all__ = ["apply_patch", "merge", "remove_patch"]
+
+_ppdiffusers.install()

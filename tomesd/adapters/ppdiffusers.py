@@ -1,0 +1,103 @@
+"""`pipe.apply_tome()` / `remove_tome()` on ppdiffusers pipelines and paddle layers.
+
+ppdiffusers attaches its own copies of these methods to `DiffusionPipeline` and `paddle.nn.Layer`
+when it is imported. We replace them with ours right after that: at once if ppdiffusers is
+already imported, else through a one-shot import hook, so that neither paddle nor ppdiffusers is
+imported on our account.
+"""
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import sys
+import threading
+from typing import Any, List, Optional, Tuple, Union
+
+from tome_core import ToMeArgs
+
+from . import targets
+
+_TARGET = "ppdiffusers"
+_lock = threading.Lock()
+
+
+def apply_tome(
+    model_or_pipe: Any,
+    ratio: float = 0.5,
+    max_downsample: Optional[int] = None,
+    sx: int = 2,
+    sy: int = 2,
+    use_rand: bool = True,
+    merge_attn: bool = True,
+    merge_crossattn: bool = False,
+    merge_mlp: bool = False,
+    *,
+    seed: Optional[int] = None,
+) -> Any:
+    """ppdiffusers' `apply_tome`, served by this project: same arguments and the same ratio limit.
+
+    See `tomesd.apply_patch` for the arguments; max_downsample=None merges at the finest level
+    that has attention (1 on SD1/SD2, as ppdiffusers' default of 1).
+    """
+    if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and ratio >= 1 - 1 / (sx * sy):
+        raise ValueError(f"The tome ratio must be less than {1 - 1 / (sx * sy)} !")
+    args = ToMeArgs(
+        ratio=ratio, max_downsample=max_downsample, sx=sx, sy=sy, use_rand=use_rand,
+        merge_attn=merge_attn, merge_crossattn=merge_crossattn, merge_mlp=merge_mlp, seed=seed,
+    )
+    return targets.apply(model_or_pipe, args)[0]
+
+
+def remove_tome(model_or_pipe: Any, only_return_self: bool = True) -> Union[Any, Tuple[Any, List[Any]]]:
+    """ppdiffusers' `remove_tome`: returns the object, or (object, unpatched models)."""
+    obj, models = targets.remove(model_or_pipe)
+    return obj if only_return_self else (obj, models)
+
+
+def _attach(_module: Any = None) -> None:
+    import paddle
+    from ppdiffusers.pipelines.pipeline_utils import DiffusionPipeline
+
+    for cls in (DiffusionPipeline, paddle.nn.Layer):
+        cls.apply_tome = apply_tome
+        cls.remove_tome = remove_tome
+
+
+class _AttachAfterLoad(importlib.abc.Loader):
+    def __init__(self, loader: importlib.abc.Loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._loader.exec_module(module)
+        _attach(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: wraps ppdiffusers' own loader so `_attach` runs once it has loaded."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None):
+        if fullname != _TARGET:
+            return None
+        with _lock:
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _AttachAfterLoad(spec.loader)
+        return spec
+
+
+def install() -> None:
+    module = sys.modules.get(_TARGET)
+    if module is not None:
+        _attach(module)
+        return
+    with _lock:
+        if not any(isinstance(finder, _PostImportFinder) for finder in sys.meta_path):
+            sys.meta_path.insert(0, _PostImportFinder())

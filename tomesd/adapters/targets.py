@@ -1,0 +1,99 @@
+"""Which models of a user's object get patched: every denoiser, never the VAE or text encoders.
+
+Recognised by class names and attributes, so the same rules serve diffusers, ppdiffusers and the
+original LDM / Stable Diffusion code without importing any of them.
+"""
+from __future__ import annotations
+
+from typing import Any, List, Tuple
+
+from .frameworks import class_names, framework_of, module_ops
+from .hooks import PATCH_ATTR, ToMePatch, transformer_blocks
+
+# Pipeline components that are never denoisers (prefixes: text_encoder_2, vae_decoder, ...).
+_NOT_DENOISERS = (
+    "vae", "vqvae", "text_encoder", "tokenizer", "image_encoder", "safety_checker",
+    "feature_extractor", "scheduler", "image_processor",
+)
+
+_SUPPORTED = (
+    "a diffusers/ppdiffusers pipeline, a UNet2DConditionModel or ControlNetModel (torch or paddle), "
+    "or an LDM / Stable Diffusion model with .model.diffusion_model"
+)
+
+
+def _expand(component: Any) -> List[Any]:
+    """The models a pipeline component stands for: lists and Multi-ControlNets open up."""
+    if isinstance(component, (list, tuple)):
+        return [model for item in component for model in _expand(item)]
+    if framework_of(component) is None:
+        return []
+    nets = getattr(component, "nets", None)  # MultiControlNetModel
+    if "MultiControlNetModel" in class_names(component) and nets is not None:
+        return [model for net in nets for model in _expand(net)]
+    return [component]
+
+
+def candidate_models(obj: Any) -> List[Any]:
+    """The models of `obj` that may hold a denoiser; TypeError for an object we do not know."""
+    if "DiffusionPipeline" in class_names(obj) and hasattr(obj, "components"):
+        return [
+            model
+            for name, component in obj.components.items()
+            if not name.startswith(_NOT_DENOISERS)
+            for model in _expand(component)
+        ]
+    if framework_of(obj) is None:
+        raise TypeError(f"ToMe cannot patch a {type(obj).__name__}: expected {_SUPPORTED}")
+    ldm_unet = getattr(getattr(obj, "model", None), "diffusion_model", None)
+    if ldm_unet is not None:
+        control = getattr(obj, "control_model", None)  # ControlLDM
+        return [ldm_unet] + ([control] if control is not None else [])
+    return _expand(obj)
+
+
+def plan_patches(obj: Any, args: Any) -> List[ToMePatch]:
+    """One (not yet installed) patch per denoiser of `obj`; raises before anything is changed."""
+    models = candidate_models(obj)
+    frameworks = {framework_of(model) for model in models}
+    if len(frameworks) > 1:
+        raise TypeError(f"{type(obj).__name__} mixes torch and paddle models; patch them one at a time")
+    patches = []
+    for model in models:
+        ops = module_ops(framework_of(model))
+        if transformer_blocks(ops, model):
+            patches.append(ToMePatch(model, args, ops))
+    if not patches:
+        raise ValueError(f"found no BasicTransformerBlock in {type(obj).__name__}: nothing for ToMe to merge")
+    for patch in patches:
+        patch.validate()
+    return patches
+
+
+def installed_patches(obj: Any) -> List[ToMePatch]:
+    """Every patch installed anywhere inside `obj`."""
+    found = []
+    for model in candidate_models(obj):
+        ops = module_ops(framework_of(model))
+        for _, module in ops.named_modules(model):
+            patch = module.__dict__.get(PATCH_ATTR)
+            if patch is not None and patch not in found:
+                found.append(patch)
+    return found
+
+
+def apply(obj: Any, args: Any) -> Tuple[Any, List[Any]]:
+    """Patch every denoiser of `obj` (replacing an earlier patch); returns (obj, patched models)."""
+    patches = plan_patches(obj, args)
+    remove(obj)
+    for patch in patches:
+        patch.install()
+    return obj, [patch.root for patch in patches]
+
+
+def remove(obj: Any) -> Tuple[Any, List[Any]]:
+    """Remove every ToMe patch inside `obj`; returns (obj, models that were unpatched)."""
+    patches = installed_patches(obj)
+    for patch in patches:
+        patch.remove()
+    return obj, [patch.root for patch in patches]
