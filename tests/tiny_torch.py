@@ -1,0 +1,122 @@
+"""Tiny torch models and pipelines built from configs, with random weights strong enough that
+attention, and so ToMe, changes the output measurably (default inits zero output layers)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import torch
+
+SD1_UNET = dict(
+    sample_size=16, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(32, 64, 64),
+    down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
+    up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
+    cross_attention_dim=32, attention_head_dim=8, norm_num_groups=8,
+)
+# SDXL's layout: no attention at full resolution.
+SDXL_UNET = dict(
+    SD1_UNET,
+    down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+    up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+)
+
+
+def randomize_(module: torch.nn.Module, seed: int = 0, gain: float = 1.5) -> torch.nn.Module:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if p.ndim >= 2:
+                fan_in = p[0].numel()
+                p.copy_(torch.randn(p.shape, generator=gen) * gain / math.sqrt(fan_in))
+            elif name.endswith("weight"):
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+    return module.eval()
+
+
+def unet(config: dict = SD1_UNET, seed: int = 0):
+    from diffusers import UNet2DConditionModel
+
+    return randomize_(UNet2DConditionModel(**config), seed)
+
+
+def unet_inputs(batch: int = 2, h: int = 16, w: int = 16, seed: int = 1):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, 4, h, w, generator=gen), torch.tensor(10), torch.randn(batch, 7, 32, generator=gen)
+
+
+class LDMWrapper(torch.nn.Module):
+    """The shape of an LDM / SD v1-v2 model as tomesd expects it: `.model.diffusion_model`."""
+
+    def __init__(self, diffusion_model: torch.nn.Module):
+        super().__init__()
+        self.model = torch.nn.Module()
+        self.model.diffusion_model = diffusion_model
+
+
+def ldm_model(sd2: bool = False, seed: int = 0) -> LDMWrapper:
+    from ldm.modules.diffusionmodules.openaimodel import UNetModel
+
+    net = UNetModel(
+        image_size=16, in_channels=4, model_channels=32, out_channels=4, num_res_blocks=1,
+        attention_resolutions=[1, 2], channel_mult=(1, 2), num_head_channels=8,
+        use_spatial_transformer=True, transformer_depth=1, context_dim=32, legacy=False,
+        use_checkpoint=True, use_linear_in_transformer=sd2,
+        disable_self_attentions=[True, False] if sd2 else None,
+    )
+    return LDMWrapper(randomize_(net, seed))
+
+
+def write_clip_vocab(folder: str) -> tuple:
+    """A byte-level BPE vocabulary with no merges: every character is a token."""
+    chars = [chr(c) for c in range(ord("!"), ord("~") + 1)] + [chr(c) for c in range(161, 256)]
+    chars += [chr(256 + i) for i in range(256 - len(chars))]
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for ch in chars:
+        vocab.setdefault(ch, len(vocab))
+        vocab.setdefault(ch + "</w>", len(vocab))
+    vocab_file, merges_file = os.path.join(folder, "vocab.json"), os.path.join(folder, "merges.txt")
+    with open(vocab_file, "w") as f:
+        json.dump(vocab, f)
+    with open(merges_file, "w") as f:
+        f.write("#version: 0.2\n")
+    return vocab_file, merges_file, len(vocab)
+
+
+def controlnet_pipeline(tmp_path, num_controlnets: int = 1):
+    from diffusers import AutoencoderKL, ControlNetModel, DDIMScheduler, StableDiffusionControlNetPipeline
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+
+    vocab_file, merges_file, vocab_size = write_clip_vocab(str(tmp_path))
+    tokenizer = CLIPTokenizer(vocab_file, merges_file, model_max_length=77)
+    text_encoder = CLIPTextModel(CLIPTextConfig(
+        hidden_size=32, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2,
+        vocab_size=vocab_size, max_position_embeddings=77, bos_token_id=0, eos_token_id=1, pad_token_id=1,
+    )).eval()
+    base = unet()
+    controlnets = [
+        randomize_(ControlNetModel.from_unet(base, conditioning_embedding_out_channels=(8, 16)), seed=10 + i)
+        for i in range(num_controlnets)
+    ]
+    vae = AutoencoderKL(
+        block_out_channels=(8, 16), down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=4, norm_num_groups=8, sample_size=32,
+    ).eval()
+    pipe = StableDiffusionControlNetPipeline(
+        vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=base,
+        controlnet=controlnets[0] if num_controlnets == 1 else controlnets,
+        scheduler=DDIMScheduler(), safety_checker=None, feature_extractor=None, requires_safety_checker=False,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def run_pipeline(pipe, num_controlnets: int = 1):
+    image = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    return pipe(
+        "a tiny test", image=image if num_controlnets == 1 else [image] * num_controlnets,
+        num_inference_steps=2, height=32, width=32, output_type="np",
+        generator=torch.Generator().manual_seed(0),
+    ).images
