@@ -1,0 +1,73 @@
+"""`python -m tomesd demo`: patch a built-in SD1.5-architecture UNet and show what ToMe does."""
+from __future__ import annotations
+
+import argparse
+import time
+from typing import List, Optional
+
+# Stable Diffusion 1.5's UNet configuration (diffusers' UNet2DConditionModel arguments).
+SD15_UNET = dict(
+    sample_size=64, in_channels=4, out_channels=4, layers_per_block=2,
+    block_out_channels=(320, 640, 1280, 1280),
+    down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
+    up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
+    cross_attention_dim=768, attention_head_dim=8, norm_num_groups=32,
+)
+
+
+def demo(res: int, ratio: float, batch: int, seed: int) -> None:
+    import torch
+    from diffusers import UNet2DConditionModel
+
+    import tomesd
+
+    torch.manual_seed(seed)
+    print(f"building the SD1.5 UNet architecture with random weights (nothing is downloaded) ...", flush=True)
+    unet = UNet2DConditionModel(**SD15_UNET).eval()
+    latent = res // 8
+    x = torch.randn(batch, 4, latent, latent)
+    t, context = torch.tensor(500), torch.randn(batch, 77, 768)
+
+    tokens: List[tuple] = []
+    blocks = [(name, m) for name, m in unet.named_modules() if type(m).__name__ == "BasicTransformerBlock"]
+    handles = [
+        # to_q runs inside attention, after ToMe merged its input
+        block.attn1.to_q.register_forward_pre_hook(lambda mod, args, name=name: tokens.append((name, args[0].shape[1])))
+        for name, block in blocks
+    ]
+
+    def run() -> tuple:
+        tokens.clear()
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = unet(x, t, context).sample
+        return out, time.perf_counter() - start, list(tokens)
+
+    base, base_s, base_tokens = run()
+    tomesd.apply_patch(unet, ratio=ratio, seed=seed)
+    merged, tome_s, tome_tokens = run()
+    tomesd.remove_patch(unet)
+    restored, _, _ = run()
+    for handle in handles:
+        handle.remove()
+
+    print(f"\n{res}x{res} image, batch {batch}, ratio {ratio}: self-attention tokens per block (before -> after)")
+    for (name, before), (_, after) in zip(base_tokens, tome_tokens):
+        note = f"  merged {before - after} ({(before - after) / before:.0%})" if after != before else ""
+        print(f"  {name:<55} {before:>6} -> {after:<6}{note}")
+    rel = ((merged - base).norm() / base.norm()).item()
+    print(f"\nUNet forward: {base_s:.2f} s without ToMe, {tome_s:.2f} s with ToMe ({base_s / tome_s:.2f}x; one run, not a benchmark)")
+    print(f"relative change of the UNet output: {rel:.3f}; after remove_patch: {(restored - base).abs().max().item():.1e}")
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tomesd", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("demo", help="patch a built-in SD1.5-architecture UNet and print what merged")
+    d.add_argument("--res", type=int, default=256, help="image side in pixels (latent = res/8)")
+    d.add_argument("--ratio", type=float, default=0.5)
+    d.add_argument("--batch", type=int, default=2)
+    d.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        demo(args.res, args.ratio, args.batch, args.seed)
