@@ -19,6 +19,8 @@ from . import targets
 
 _TARGET = "ppdiffusers"
 _lock = threading.Lock()
+# ppdiffusers' own methods, kept as the reference for parity tests and benchmarks.
+BUILTIN: dict = {}
 
 
 def apply_tome(
@@ -39,12 +41,12 @@ def apply_tome(
     See `tomesd.apply_patch` for the arguments; max_downsample=None merges at the finest level
     that has attention (1 on SD1/SD2, as ppdiffusers' default of 1).
     """
-    if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and ratio >= 1 - 1 / (sx * sy):
-        raise ValueError(f"The tome ratio must be less than {1 - 1 / (sx * sy)} !")
     args = ToMeArgs(
         ratio=ratio, max_downsample=max_downsample, sx=sx, sy=sy, use_rand=use_rand,
         merge_attn=merge_attn, merge_crossattn=merge_crossattn, merge_mlp=merge_mlp, seed=seed,
     )
+    if args.ratio >= 1 - 1 / (args.sx * args.sy):
+        raise ValueError(f"The tome ratio must be less than {1 - 1 / (args.sx * args.sy)} !")
     return targets.apply(model_or_pipe, args)[0]
 
 
@@ -59,6 +61,8 @@ def _attach(_module: Any = None) -> None:
     from ppdiffusers.pipelines.pipeline_utils import DiffusionPipeline
 
     for cls in (DiffusionPipeline, paddle.nn.Layer):
+        if cls.__dict__.get("apply_tome") not in (None, apply_tome):
+            BUILTIN[cls] = (cls.apply_tome, cls.remove_tome)
         cls.apply_tome = apply_tome
         cls.remove_tome = remove_tome
 
