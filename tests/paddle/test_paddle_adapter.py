@@ -1,4 +1,5 @@
-"""pipe.apply_tome on ppdiffusers: same output as torch for the same weights and seed."""
+"""pipe.apply_tome on ppdiffusers: same output as torch for the same weights and seed, and as
+ppdiffusers' built-in with use_rand=False."""
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ import torch
 
 import tiny_torch as T
 import tomesd
+from tomesd.adapters import ppdiffusers as pp_adapter
 from tomesd.adapters.hooks import PATCH_ATTR
 
 
@@ -58,6 +60,29 @@ def test_torch_and_paddle_unets_agree_under_tome(twin_unets, use_rand, batch, h,
         top_left, _ = run_both(torch_unet, paddle_unet, batch, h, w)
         tomesd.remove_patch(torch_unet)
         assert np.abs(top_left - tome_t).max() > 1000 * TOL
+
+
+@pytest.mark.parametrize("ratio,max_downsample", [(0.5, 1), (0.6, 2)])
+def test_paddle_equals_ppdiffusers_builtin(twin_unets, ratio, max_downsample):
+    _, paddle_unet = twin_unets
+    x, t, c = [paddle.to_tensor(v.numpy()) for v in T.unet_inputs()]
+
+    def run():
+        with paddle.no_grad():
+            return paddle_unet(x, t, c).sample.numpy()
+
+    base = run()
+    with pp_adapter.builtin_methods():
+        paddle_unet.apply_tome(ratio=ratio, max_downsample=max_downsample, use_rand=False)
+        assert type(paddle_unet.down_blocks[0].attentions[0].transformer_blocks[0]).__name__.startswith("ToMe")
+        theirs = run()
+        paddle_unet.remove_tome()
+    paddle_unet.apply_tome(ratio=ratio, max_downsample=max_downsample, use_rand=False)
+    ours = run()
+    paddle_unet.remove_tome()
+    assert np.abs(ours - base).max() > 1000 * TOL
+    assert np.abs(ours - theirs).max() < TOL
+    np.testing.assert_array_equal(run(), base)  # removal restores exactly
 
 
 def test_tome_leaves_paddle_global_rng_alone(twin_unets):

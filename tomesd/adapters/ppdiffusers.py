@@ -7,11 +7,12 @@ imported on our account.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.util
 import sys
 import threading
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, Iterator, List, Optional, Tuple, Union
 
 from tome_core import ToMeArgs
 
@@ -51,9 +52,25 @@ def apply_tome(
 
 
 def remove_tome(model_or_pipe: Any, only_return_self: bool = True) -> Union[Any, Tuple[Any, List[Any]]]:
-    """ppdiffusers' `remove_tome`: returns the object, or (object, unpatched models)."""
-    obj, models = targets.remove(model_or_pipe)
-    return obj if only_return_self else (obj, models)
+    """ppdiffusers' `remove_tome`: returns the object, or (object, its models) as ppdiffusers does."""
+    obj, _ = targets.remove(model_or_pipe)
+    return obj if only_return_self else (obj, targets.candidate_models(model_or_pipe))
+
+
+@contextlib.contextmanager
+def builtin_methods() -> Iterator[None]:
+    """Run ppdiffusers' own apply_tome/remove_tome inside this block (for references and benchmarks).
+
+    Their apply_tome calls `obj.remove_tome(...)` to find its models, so both methods must be
+    ppdiffusers' while it runs. Swaps class attributes: not for use while other threads patch.
+    """
+    for cls, (apply, remove) in BUILTIN.items():
+        cls.apply_tome, cls.remove_tome = apply, remove
+    try:
+        yield
+    finally:
+        for cls in BUILTIN:
+            cls.apply_tome, cls.remove_tome = apply_tome, remove_tome
 
 
 def _attach(_module: Any = None) -> None:
