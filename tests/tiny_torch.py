@@ -2,11 +2,11 @@
 attention, and so ToMe, changes the output measurably (default inits zero output layers)."""
 from __future__ import annotations
 
-import json
 import math
-import os
 
 import torch
+
+from clip_vocab import write_clip_vocab
 
 SD1_UNET = dict(
     sample_size=16, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(32, 64, 64),
@@ -67,22 +67,6 @@ def ldm_model(sd2: bool = False, seed: int = 0) -> LDMWrapper:
         disable_self_attentions=[True, False] if sd2 else None,
     )
     return LDMWrapper(randomize_(net, seed))
-
-
-def write_clip_vocab(folder: str) -> tuple:
-    """A byte-level BPE vocabulary with no merges: every character is a token."""
-    chars = [chr(c) for c in range(ord("!"), ord("~") + 1)] + [chr(c) for c in range(161, 256)]
-    chars += [chr(256 + i) for i in range(256 - len(chars))]
-    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-    for ch in chars:
-        vocab.setdefault(ch, len(vocab))
-        vocab.setdefault(ch + "</w>", len(vocab))
-    vocab_file, merges_file = os.path.join(folder, "vocab.json"), os.path.join(folder, "merges.txt")
-    with open(vocab_file, "w") as f:
-        json.dump(vocab, f)
-    with open(merges_file, "w") as f:
-        f.write("#version: 0.2\n")
-    return vocab_file, merges_file, len(vocab)
 
 
 def controlnet_pipeline(tmp_path, num_controlnets: int = 1):

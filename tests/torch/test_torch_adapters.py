@@ -154,6 +154,18 @@ def test_seed_reproducible_and_global_rng_untouched(sd1_unet):
     other = with_ours(sd1_unet, run, seed=2)
     assert torch.equal(first, again)
     assert not torch.equal(first, other)
+    # Within one patch too: a call's pattern depends on its timestep, not on how many calls came before.
+    x, t, c = inputs
+    tomesd.apply_patch(sd1_unet, seed=1)
+    try:
+        runs = [forward(sd1_unet, (x, t, c)) for _ in range(2)]
+        other_step = forward(sd1_unet, (x, torch.tensor(11), c))
+    finally:
+        tomesd.remove_patch(sd1_unet)
+    assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], first)
+    top_left = with_ours(sd1_unet, run, use_rand=False)
+    assert not torch.equal(first, top_left)
+    assert not torch.equal(other_step, forward(sd1_unet, (x, torch.tensor(11), c)))  # ToMe active at t=11
 
     torch.manual_seed(0)
     expected = torch.rand(8)
@@ -162,9 +174,10 @@ def test_seed_reproducible_and_global_rng_untouched(sd1_unet):
     assert torch.equal(torch.rand(8), expected)
 
 
-def test_concurrent_calls_at_two_resolutions_equal_sequential_ones(sd1_unet):
+@pytest.mark.parametrize("use_rand", [False, True])
+def test_concurrent_calls_at_two_resolutions_equal_sequential_ones(sd1_unet, use_rand):
     jobs = [T.unet_inputs(2, 16, 16, seed=5), T.unet_inputs(2, 24, 20, seed=6)]
-    tomesd.apply_patch(sd1_unet, ratio=0.5, use_rand=False)
+    tomesd.apply_patch(sd1_unet, ratio=0.5, use_rand=use_rand, seed=4)
     try:
         expected = [forward(sd1_unet, job) for job in jobs]
         results, errors = {}, []

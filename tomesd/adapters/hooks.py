@@ -9,7 +9,9 @@ at different resolutions cannot see each other's size or merge.
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
+import struct
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -23,6 +25,8 @@ PATCH_ATTR = "_tome_patch"
 SUBLAYERS = (("attn1", "merge_attn"), ("attn2", "merge_crossattn"), ("ff", "merge_mlp"))
 _TOKENS_KWARGS = ("hidden_states", "x")
 _LATENT_KWARGS = ("sample", "x")
+_TIMESTEP_KWARGS = ("timestep", "timesteps", "t")
+_GOLDEN = 0x9E3779B97F4A7C15
 
 
 def transformer_blocks(ops: Any, root: Any) -> List[Any]:
@@ -30,17 +34,30 @@ def transformer_blocks(ops: Any, root: Any) -> List[Any]:
 
 
 class _CallState:
-    __slots__ = ("latent_hw", "finest_level")
+    __slots__ = ("latent_hw", "finest_level", "timestep", "rand_key", "draws")
 
-    def __init__(self, latent_hw: Tuple[int, int]):
+    def __init__(self, latent_hw: Tuple[int, int], timestep: Any):
         self.latent_hw = latent_hw
         self.finest_level: Optional[int] = None  # level of the call's first attention block
+        self.timestep = timestep
+        self.rand_key: Optional[int] = None  # derived from the timestep at the call's first draw
+        self.draws = 0
 
 
 class _ThreadState(threading.local):
     def __init__(self) -> None:
         self.calls: List[_CallState] = []
         self.merges: Dict[int, Optional[TokenMerge]] = {}
+
+
+def _timestep_key(value: Any) -> Optional[int]:
+    """A 64-bit key from a timestep's values (tensor or number), the same on torch and paddle."""
+    try:
+        values = [float(v) for v in (value.flatten().tolist() if hasattr(value, "flatten") else [value])]
+    except (TypeError, ValueError):
+        return None
+    digest = hashlib.blake2b(struct.pack(f"<{len(values)}d", *values), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
 
 
 def _first_input(args: tuple, kwargs: dict, names: Tuple[str, ...]) -> Tuple[Any, Optional[str]]:
@@ -103,7 +120,8 @@ class ToMePatch:
             raise ValueError(
                 f"ToMe needs {type(module).__name__}'s first input to be a latent [B, C, H, W], got shape {list(shape)}"
             )
-        self._state.calls.append(_CallState((shape[2], shape[3])))
+        timestep = args[1] if len(args) > 1 else next((kwargs[k] for k in _TIMESTEP_KWARGS if k in kwargs), None)
+        self._state.calls.append(_CallState((shape[2], shape[3]), timestep))
 
     def _exit_root(self, module: Any, args: tuple, output: Any) -> None:
         state = self._state
@@ -133,11 +151,21 @@ class ToMePatch:
             return None
         if self.args.merge_mlp and getattr(block, "_chunk_size", None) is not None:
             raise ValueError(_CHUNKED_FF)
-        counter = next(self._counter) if plan.use_rand else 0
+        counter = self._draw_counter(call) if plan.use_rand else 0
         return compute_merge(
             self.ops, x, plan.w, plan.h, self.args.sx, self.args.sy, plan.r,
             not plan.use_rand, self._draw_seed() if plan.use_rand else 0, counter,
         )
+
+    def _draw_counter(self, call: _CallState) -> int:
+        """Which random draw a block gets: a function of the call's timestep and the block's order
+        in the call, so a run is reproducible and concurrent calls cannot shift each other's draws.
+        Calls without a timestep take the next draws of this patch's stream, as tomesd does."""
+        if call.rand_key is None:
+            key = _timestep_key(call.timestep) if call.timestep is not None else None
+            call.rand_key = key if key is not None else next(self._counter) * _GOLDEN
+        call.draws += 1
+        return (call.rand_key ^ (call.draws * _GOLDEN)) & ((1 << 64) - 1)
 
     def _draw_seed(self) -> int:
         if self._seed is None:

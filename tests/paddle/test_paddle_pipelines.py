@@ -1,0 +1,43 @@
+"""A real ppdiffusers StableDiffusionControlNetPipeline, built locally, with ToMe on and off."""
+import numpy as np
+import paddle
+import pytest
+
+import tiny_paddle as P
+import tiny_torch as T
+import tomesd
+from tomesd.adapters.hooks import PATCH_ATTR
+
+
+@pytest.mark.parametrize("num_controlnets", [1, 2], ids=["controlnet", "multi-controlnet"])
+@pytest.mark.parametrize("entry", ["pipe.apply_tome", "tomesd.apply_patch"])
+def test_controlnet_pipeline_patched_end_to_end(tmp_path, num_controlnets, entry):
+    pipe = P.controlnet_pipeline(tmp_path, num_controlnets)
+    nets = list(pipe.controlnet.nets) if num_controlnets > 1 else [pipe.controlnet]
+    base = P.run_pipeline(pipe, num_controlnets)
+
+    if entry == "pipe.apply_tome":
+        pipe.apply_tome(ratio=0.5, seed=0)
+    else:
+        tomesd.apply_patch(pipe, ratio=0.5, seed=0)
+    for model in nets + [pipe.unet]:
+        assert len(getattr(model, PATCH_ATTR).blocks) > 0
+    for model in (pipe.vae, pipe.text_encoder):
+        assert all(PATCH_ATTR not in vars(m) for _, m in model.named_sublayers(include_self=True))
+
+    # The ControlNet merges by itself: its residuals change under ToMe.
+    x, t, c = [paddle.to_tensor(v.numpy()) for v in T.unet_inputs(2, 16, 16)]
+    cond = paddle.rand([2, 3, 32, 32])
+    with paddle.no_grad():
+        patched = nets[0](x, t, c, cond, return_dict=False)[1].numpy()
+        nets[0].remove_tome()
+        plain = nets[0](x, t, c, cond, return_dict=False)[1].numpy()
+    assert np.abs(patched - plain).max() > 1e-3
+    pipe.apply_tome(ratio=0.5, seed=0)
+
+    merged = P.run_pipeline(pipe, num_controlnets)
+    assert np.abs(merged - base).max() > 1e-3
+    assert np.array_equal(P.run_pipeline(pipe, num_controlnets), merged)  # same seed, same images
+    _, models = pipe.remove_tome(only_return_self=False)
+    assert pipe.unet in models
+    np.testing.assert_array_equal(P.run_pipeline(pipe, num_controlnets), base)

@@ -1,0 +1,63 @@
+"""Tiny ppdiffusers pipelines: torch-built random weights saved with diffusers and loaded with
+`from_diffusers=True`, ppdiffusers' own CLIPTextModel, paddlenlp's CLIPTokenizer."""
+from __future__ import annotations
+
+import paddle
+
+import tiny_torch as T
+from clip_vocab import write_clip_vocab
+
+
+def load_paddle(cls, torch_model, folder):
+    torch_model.save_pretrained(folder)
+    model = cls.from_pretrained(str(folder), from_diffusers=True)
+    model.eval()
+    return model
+
+
+def controlnet_pipeline(tmp_path, num_controlnets: int = 1):
+    from diffusers import AutoencoderKL as TorchVAE
+    from diffusers import ControlNetModel as TorchControlNet
+    from paddlenlp.transformers import CLIPTokenizer
+    from ppdiffusers import AutoencoderKL, ControlNetModel, DDIMScheduler, StableDiffusionControlNetPipeline, UNet2DConditionModel
+    from ppdiffusers.transformers import CLIPTextConfig, CLIPTextModel
+
+    vocab_file, merges_file, vocab_size = write_clip_vocab(str(tmp_path))
+    tokenizer = CLIPTokenizer(vocab_file, merges_file, max_len=77)
+    paddle.seed(0)
+    text_encoder = CLIPTextModel(CLIPTextConfig(
+        hidden_size=32, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2,
+        vocab_size=vocab_size, max_position_embeddings=77, bos_token_id=0, eos_token_id=1, pad_token_id=1,
+    ))
+    text_encoder.eval()
+    torch_unet = T.unet()
+    unet = load_paddle(UNet2DConditionModel, torch_unet, tmp_path / "unet")
+    controlnets = [
+        load_paddle(
+            ControlNetModel,
+            T.randomize_(TorchControlNet.from_unet(torch_unet, conditioning_embedding_out_channels=(8, 16)), seed=10 + i),
+            tmp_path / f"controlnet{i}",
+        )
+        for i in range(num_controlnets)
+    ]
+    vae = load_paddle(AutoencoderKL, TorchVAE(
+        block_out_channels=(8, 16), down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=4, norm_num_groups=8, sample_size=32,
+    ), tmp_path / "vae")
+    pipe = StableDiffusionControlNetPipeline(
+        vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet,
+        controlnet=controlnets[0] if num_controlnets == 1 else controlnets,
+        scheduler=DDIMScheduler(), safety_checker=None, feature_extractor=None, requires_safety_checker=False,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def run_pipeline(pipe, num_controlnets: int = 1):
+    paddle.seed(3)
+    image = paddle.rand([1, 3, 32, 32])
+    return pipe(
+        "a tiny test", image=image if num_controlnets == 1 else [image] * num_controlnets,
+        num_inference_steps=2, height=32, width=32, output_type="np",
+        generator=paddle.Generator().manual_seed(0),
+    ).images
