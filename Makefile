@@ -16,7 +16,7 @@ test: test-torch test-paddle
 
 # (a) current torch stack: diffusers 0.42, tomesd 0.1.3 reference, LDM from sdkit.
 test-torch: $(TORCH_ENV)/.ready $(REF_TOMESD)
-	$(TORCH_ENV)/bin/python -m pytest -q tests/core tests/torch
+	$(TORCH_ENV)/bin/python -m pytest -q tests/core tests/torch tests/cli
 
 # (b) paddle stack with its older huggingface_hub, plus torch + diffusers 0.32 for cross-framework
 #     parity; the torch adapter tests run here too, so they cover diffusers 0.32 as well.

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 SHAPES = [("512^2 (N=4096)", 64, 64), ("1024^2 (N=16384)", 128, 128)]
 
@@ -40,7 +40,7 @@ def main() -> None:
     if opts.backend == "torch":
         import torch
 
-        from references import load_tomesd_ref
+        from tomesd.bench.references import load_tomesd_ref
 
         reference, ref_name = load_tomesd_ref().merge.bipartite_soft_matching_random2d, "tomesd 0.1.3"
         randn, tanh = (lambda *s: torch.randn(*s)), torch.tanh

@@ -69,29 +69,44 @@ def ldm_model(sd2: bool = False, seed: int = 0) -> LDMWrapper:
     return LDMWrapper(randomize_(net, seed))
 
 
-def controlnet_pipeline(tmp_path, num_controlnets: int = 1):
-    from diffusers import AutoencoderKL, ControlNetModel, DDIMScheduler, StableDiffusionControlNetPipeline
+def components(tmp_path) -> dict:
+    """Tiny text encoder, tokenizer, UNet, VAE and scheduler of an SD pipeline."""
+    from diffusers import AutoencoderKL, DDIMScheduler
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
     vocab_file, merges_file, vocab_size = write_clip_vocab(str(tmp_path))
     tokenizer = CLIPTokenizer(vocab_file, merges_file, model_max_length=77)
+    torch.manual_seed(0)
     text_encoder = CLIPTextModel(CLIPTextConfig(
         hidden_size=32, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2,
         vocab_size=vocab_size, max_position_embeddings=77, bos_token_id=0, eos_token_id=1, pad_token_id=1,
     )).eval()
-    base = unet()
-    controlnets = [
-        randomize_(ControlNetModel.from_unet(base, conditioning_embedding_out_channels=(8, 16)), seed=10 + i)
-        for i in range(num_controlnets)
-    ]
     vae = AutoencoderKL(
         block_out_channels=(8, 16), down_block_types=("DownEncoderBlock2D",) * 2,
         up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=4, norm_num_groups=8, sample_size=32,
     ).eval()
+    return dict(vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet(), scheduler=DDIMScheduler())
+
+
+def sd_pipeline(tmp_path):
+    from diffusers import StableDiffusionPipeline
+
+    return StableDiffusionPipeline(
+        **components(tmp_path), safety_checker=None, feature_extractor=None, requires_safety_checker=False
+    )
+
+
+def controlnet_pipeline(tmp_path, num_controlnets: int = 1):
+    from diffusers import ControlNetModel, StableDiffusionControlNetPipeline
+
+    parts = components(tmp_path)
+    controlnets = [
+        randomize_(ControlNetModel.from_unet(parts["unet"], conditioning_embedding_out_channels=(8, 16)), seed=10 + i)
+        for i in range(num_controlnets)
+    ]
     pipe = StableDiffusionControlNetPipeline(
-        vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=base,
-        controlnet=controlnets[0] if num_controlnets == 1 else controlnets,
-        scheduler=DDIMScheduler(), safety_checker=None, feature_extractor=None, requires_safety_checker=False,
+        **parts, controlnet=controlnets[0] if num_controlnets == 1 else controlnets,
+        safety_checker=None, feature_extractor=None, requires_safety_checker=False,
     )
     pipe.set_progress_bar_config(disable=True)
     return pipe

@@ -1,19 +1,12 @@
-"""`python -m tomesd demo`: patch a built-in SD1.5-architecture UNet and show what ToMe does."""
+"""`python -m tomesd bench` (the benchmark) and `python -m tomesd demo` (what ToMe merges, at a glance)."""
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import List, Optional
 
-# Stable Diffusion 1.5's UNet configuration (diffusers' UNet2DConditionModel arguments).
-SD15_UNET = dict(
-    sample_size=64, in_channels=4, out_channels=4, layers_per_block=2,
-    block_out_channels=(320, 640, 1280, 1280),
-    down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
-    up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
-    cross_attention_dim=768, attention_head_dim=8, norm_num_groups=32,
-)
-
+from .bench.configs import SD15
 
 def demo(res: int, ratio: float, batch: int, seed: int) -> None:
     import torch
@@ -22,8 +15,8 @@ def demo(res: int, ratio: float, batch: int, seed: int) -> None:
     import tomesd
 
     torch.manual_seed(seed)
-    print(f"building the SD1.5 UNet architecture with random weights (nothing is downloaded) ...", flush=True)
-    unet = UNet2DConditionModel(**SD15_UNET).eval()
+    print("building the SD1.5 UNet architecture with random weights (nothing is downloaded) ...", flush=True)
+    unet = UNet2DConditionModel(**SD15).eval()
     latent = res // 8
     x = torch.randn(batch, 4, latent, latent)
     t, context = torch.tensor(500), torch.randn(batch, 77, 768)
@@ -63,11 +56,15 @@ def demo(res: int, ratio: float, batch: int, seed: int) -> None:
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tomesd", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    from .bench.cli import add_arguments, run
+
+    add_arguments(sub.add_parser("bench", help="time and measure ToMe on a UNet built from its config"))
     d = sub.add_parser("demo", help="patch a built-in SD1.5-architecture UNet and print what merged")
     d.add_argument("--res", type=int, default=256, help="image side in pixels (latent = res/8)")
     d.add_argument("--ratio", type=float, default=0.5)
     d.add_argument("--batch", type=int, default=2)
     d.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    if args.command == "demo":
-        demo(args.res, args.ratio, args.batch, args.seed)
+    if args.command == "bench":
+        sys.exit(run(args))
+    demo(args.res, args.ratio, args.batch, args.seed)

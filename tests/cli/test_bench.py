@@ -1,0 +1,99 @@
+"""The benchmark command's plumbing on a tiny config: arguments, JSON, plot, errors. No timings
+are asserted: speed is measured by the benchmark, not by tests."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tomesd.bench.cli import add_arguments, run
+from tomesd.bench.report import SCHEMA
+
+
+def bench(argv):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+TINY = ["--config", "tiny", "--res", "128", "--repeats", "2", "--warmup", "1"]
+
+
+def test_tiny_bench_with_compare_writes_table_json_and_plot(tmp_path, capsys):
+    out_json, out_png = tmp_path / "r.json", tmp_path / "p.png"
+    assert bench(TINY + ["--ratios", "0.3,0.5", "--compare", "--json", str(out_json), "--plot", str(out_png)]) == 0
+    printed = capsys.readouterr().out
+    assert "| baseline |" in printed and "ToMe (ours) r=0.5" in printed and "tomesd 0.1.3 r=0.3" in printed
+
+    doc = json.loads(out_json.read_text())
+    assert doc["schema"] == SCHEMA and doc["reference"] == "tomesd 0.1.3"
+    assert doc["settings"]["ratios"] == [0.3, 0.5] and doc["settings"]["compare"] is True
+    assert {"platform", "cpus", "torch", "device"} <= set(doc["machine"])
+    rows = {(r["method"], r["ratio"]): r for r in doc["results"]}
+    assert set(rows) == {("baseline", None), ("tome", 0.3), ("tome", 0.5), ("reference", 0.3), ("reference", 0.5)}
+    for row in rows.values():
+        assert len(row["times_s"]) == 2 and row["time_s"] > 0 and row["speedup"] > 0
+        assert row["peak_mem_bytes"] > 50 * 2**20 and row["mem_reduction"] is not None
+    base_tokens = rows[("baseline", None)]["tokens"]
+    assert base_tokens["1"][0] == base_tokens["1"][1] == 3 * 256  # three level-1 blocks of 16x16 tokens
+    for ratio in (0.3, 0.5):
+        ours, ref = rows[("tome", ratio)], rows[("reference", ratio)]
+        assert ours["tokens"]["1"] == [768, 3 * (256 - int(256 * ratio))]
+        assert ours["tokens"]["2"][0] == ours["tokens"]["2"][1]  # level 2 does not merge by default
+        assert ref["tokens"] == ours["tokens"]
+        assert ours["output_change"] > 0 and 0 < ours["tome_fraction"] < 1 and ours["tome_time_s"] > 0
+        assert 0 < ref["tome_fraction"] < 1
+    assert rows[("baseline", None)]["tome_time_s"] == 0
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--ratios", "1.5"], "each ratio must be in (0, 1)"),
+        (["--ratios", "half"], "comma-separated numbers"),
+        (["--res", "100"], "multiple of 8"),
+        (["--repeats", "0"], "--repeats must be at least 1"),
+        (["--model", "/no/such/folder"], "no such folder"),
+        (["--backend", "paddle"], "needs paddlepaddle and ppdiffusers"),
+        (["--device", "cuda"], "no CUDA device"),
+    ],
+)
+def test_bad_input_gets_a_clear_error(argv, message, capsys):
+    assert bench(TINY + argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_model_folder_without_a_pipeline_is_refused(tmp_path, capsys):
+    assert bench(TINY + ["--no-memory", "--model", str(tmp_path)]) == 2
+    assert "model_index.json" in capsys.readouterr().err
+
+
+def test_model_path_runs_the_pipeline_and_writes_a_grid(tmp_path, capsys):
+    import tiny_torch as T
+
+    folder = tmp_path / "pipe"
+    T.sd_pipeline(tmp_path).save_pretrained(folder)
+    grid, out_json = tmp_path / "grid.png", tmp_path / "r.json"
+    argv = ["--config", "tiny", "--res", "32", "--ratios", "0.5", "--repeats", "1", "--warmup", "0", "--no-memory",
+            "--model", str(folder), "--steps", "2", "--grid", str(grid), "--json", str(out_json)]
+    assert bench(argv) == 0
+    from PIL import Image
+
+    with Image.open(grid) as image:
+        assert image.size == (2 * 32, 32 + 20)  # baseline and ToMe side by side, with labels
+    runs = json.loads(out_json.read_text())["pipeline"]["runs"]
+    assert [r["name"] for r in runs] == ["baseline", "ToMe r=0.5"] and all(r["time_s"] > 0 for r in runs)
+    assert "image grid" in capsys.readouterr().out
+
+
+def test_console_script_and_module_entry_points():
+    script = shutil.which("tomesd-bench", path=os.path.dirname(sys.executable))
+    assert script is not None, "tomesd-bench is not installed beside this Python"
+    for cmd in ([script, "--help"], [sys.executable, "-m", "tomesd", "bench", "--help"]):
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        assert out.returncode == 0 and "--compare" in out.stdout

@@ -1,0 +1,1 @@
+"""The benchmark behind `python -m tomesd bench`."""

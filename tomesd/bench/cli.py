@@ -1,0 +1,130 @@
+"""`python -m tomesd bench` / `tomesd-bench`: what ToMe buys on this machine, no download needed."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import List, Optional
+
+from .configs import CONFIGS
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", choices=["torch", "paddle"], default="torch")
+    parser.add_argument("--config", choices=sorted(CONFIGS), default="sd15",
+                        help="UNet architecture built with random weights (default: SD1.5's)")
+    parser.add_argument("--res", type=int, default=512, help="image side in pixels (latent = res/8); default 512")
+    parser.add_argument("--batch", type=int, default=2, help="UNet batch (2 = one image with classifier-free guidance)")
+    parser.add_argument("--ratios", default="0.25,0.5,0.75", help="comma-separated ToMe ratios")
+    parser.add_argument("--max-downsample", type=int, default=None,
+                        help="as in apply_patch; default: the finest level with attention")
+    parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda / gpu")
+    parser.add_argument("--repeats", type=int, default=3, help="timed forwards per configuration (median)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed forwards per configuration first")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compare", action="store_true",
+                        help="also run the reference (tomesd 0.1.3 on torch, ppdiffusers' built-in on paddle)")
+    parser.add_argument("--json", metavar="PATH", help="write machine-readable results")
+    parser.add_argument("--plot", metavar="PATH", help="write a PNG of speed-up and memory saved vs ratio")
+    parser.add_argument("--no-memory", action="store_true", help="skip the CPU peak-memory probes (one process each)")
+    parser.add_argument("--model", metavar="PATH",
+                        help="a local diffusers/ppdiffusers pipeline folder: generate with and without ToMe")
+    parser.add_argument("--prompt", default="a photograph of an astronaut riding a horse")
+    parser.add_argument("--steps", type=int, default=20, help="denoising steps with --model")
+    parser.add_argument("--grid", metavar="PATH", default="bench-out/grid.png", help="image grid written with --model")
+
+
+def _fail(message: str) -> int:
+    print(f"tomesd bench: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _ratios(text: str) -> List[float]:
+    try:
+        ratios = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"--ratios {text!r}: expected comma-separated numbers such as 0.25,0.5") from None
+    if not ratios or any(not 0 < r < 1 for r in ratios):
+        raise ValueError(f"--ratios {text!r}: each ratio must be in (0, 1)")
+    return ratios
+
+
+def run(args: argparse.Namespace) -> int:
+    from .kits import MissingBackend, make_kit
+    from .pipeline import BadModelPath
+    from .report import table, write_json, write_plot
+    from .runner import Settings, configurations, fill_memory_reductions, measure_cpu_memory, run_unet
+
+    try:
+        ratios = _ratios(args.ratios)
+        for name in ("res", "batch", "repeats"):
+            if getattr(args, name) < 1:
+                raise ValueError(f"--{name} must be at least 1")
+        if args.res % 8:
+            raise ValueError("--res must be a multiple of 8 (the VAE's downsampling)")
+        if args.model is not None and not os.path.isdir(args.model):
+            raise BadModelPath(f"--model {args.model!r}: no such folder")
+        settings = Settings(
+            backend=args.backend, config=args.config, res=args.res, batch=args.batch, ratios=tuple(ratios),
+            max_downsample=args.max_downsample, dtype=args.dtype, device=args.device, repeats=args.repeats,
+            warmup=max(args.warmup, 0), compare=args.compare, seed=args.seed,
+        )
+        kit = make_kit(settings.backend, settings.device, settings.dtype)
+    except (ValueError, MissingBackend) as exc:
+        return _fail(str(exc))
+    if args.compare and settings.backend == "torch":
+        from .references import load_tomesd_ref
+
+        try:
+            load_tomesd_ref()
+        except RuntimeError as exc:
+            return _fail(str(exc))
+
+    n_configs = len(configurations(settings))
+    cpu_memory = not kit.on_gpu() and not args.no_memory
+    total = n_configs * (settings.warmup + settings.repeats + 1 + (1 if cpu_memory else 0))
+    from tqdm import tqdm
+
+    print(f"{settings.config} UNet, random weights, {settings.res}x{settings.res}, batch {settings.batch}, "
+          f"{settings.dtype} on {kit.name}/{settings.device}; {n_configs} configurations interleaved", file=sys.stderr)
+    with tqdm(total=total, desc="UNet forwards", unit="fwd", file=sys.stderr, disable=None) as bar:
+        rows = run_unet(settings, bar.update)
+        if cpu_memory:
+            bar.set_description("peak-memory probes")
+            measure_cpu_memory(settings, rows, bar.update)
+    fill_memory_reductions(rows)
+
+    pipeline = None
+    if args.model is not None:
+        from . import pipeline as pipeline_mod
+
+        try:
+            pipeline = pipeline_mod.run(args.model, settings.backend, ratios, args.prompt, args.steps,
+                                        settings.res, settings.seed, args.grid)
+        except BadModelPath as exc:
+            return _fail(str(exc))
+
+    print(f"\n{settings.config} UNet at {settings.res}x{settings.res}, batch {settings.batch}, {settings.dtype}, "
+          f"{kit.name} on {settings.device}; median of {settings.repeats} forwards after {settings.warmup} warm-up")
+    print(table(rows, kit.reference_name))
+    if cpu_memory:
+        print("peak memory: peak RSS of one forward in a fresh process (model weights included)")
+    if pipeline is not None:
+        print(f"\npipeline {pipeline['model']} ({pipeline['steps']} steps): image grid {pipeline['grid']}")
+        for entry in pipeline["runs"]:
+            print(f"  {entry['name']:<12} {entry['time_s']:.2f} s  {entry['speedup']:.2f}x")
+    if args.json:
+        write_json(args.json, settings, rows, kit, pipeline)
+        print(f"results: {args.json}")
+    if args.plot:
+        write_plot(args.plot, rows, kit.reference_name,
+                   f"{settings.config} UNet {settings.res}x{settings.res} batch {settings.batch} ({kit.name}, {settings.device})")
+        print(f"plot: {args.plot}")
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    parser = argparse.ArgumentParser(prog="tomesd-bench", description=__doc__)
+    add_arguments(parser)
+    sys.exit(run(parser.parse_args(argv)))

@@ -1,0 +1,210 @@
+"""What the benchmark needs from each framework: a UNet, inputs, a timed forward, memory readings,
+and the ToMe methods it compares (baseline, ours, the framework's reference implementation)."""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Callable, Dict, Iterator, Tuple
+
+from .configs import CONFIGS, TEXT_TOKENS
+
+METHODS = ("baseline", "tome", "reference")
+
+
+class MissingBackend(RuntimeError):
+    pass
+
+
+class TorchKit:
+    name = "torch"
+    reference_name = "tomesd 0.1.3"
+
+    def __init__(self, device: str, dtype: str):
+        try:
+            import diffusers  # noqa: F401
+            import torch
+        except ImportError as exc:
+            raise MissingBackend(f"--backend torch needs torch and diffusers ({exc.name} is not installed)") from exc
+        self.torch = torch
+        self.device = torch.device("cuda" if device in ("cuda", "gpu") else device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise MissingBackend("--device cuda: torch sees no CUDA device")
+        self.dtype = getattr(torch, dtype)
+        torch.set_grad_enabled(False)
+
+    def build(self, config: str, seed: int) -> Any:
+        from diffusers import UNet2DConditionModel
+
+        self.torch.manual_seed(seed)
+        model = UNet2DConditionModel(**CONFIGS[config]).to(self.device)
+        if self.dtype != self.torch.float32:
+            model = model.to(dtype=self.dtype)
+        return model.eval()
+
+    def inputs(self, config: str, batch: int, res: int, seed: int) -> Tuple[Any, ...]:
+        gen = self.torch.Generator().manual_seed(seed)
+        latent = res // 8
+        x = self.torch.randn(batch, 4, latent, latent, generator=gen)
+        c = self.torch.randn(batch, TEXT_TOKENS, CONFIGS[config]["cross_attention_dim"], generator=gen)
+        return x.to(self.device, self.dtype), self.torch.tensor(500, device=self.device), c.to(self.device, self.dtype)
+
+    def forward(self, model: Any, inputs: Tuple[Any, ...]) -> Any:
+        return model(*inputs).sample
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize()
+
+    def on_gpu(self) -> bool:
+        return self.device.type == "cuda"
+
+    def reset_peak(self) -> None:
+        self.torch.cuda.reset_peak_memory_stats()
+
+    def peak_bytes(self) -> int:
+        return int(self.torch.cuda.max_memory_allocated())
+
+    def to_numpy(self, x: Any) -> Any:
+        return x.float().cpu().numpy()
+
+    @contextlib.contextmanager
+    def method(self, model: Any, method: str, ratio: float, max_downsample: Any, seed: int) -> Iterator[None]:
+        import tomesd
+
+        if method == "baseline":
+            yield
+        elif method == "tome":
+            tomesd.apply_patch(model, ratio=ratio, max_downsample=max_downsample, seed=seed)
+            try:
+                yield
+            finally:
+                tomesd.remove_patch(model)
+        else:
+            from .references import load_tomesd_ref
+
+            ref = load_tomesd_ref()
+            # tomesd has no "finest attention level" default: its own default is 1.
+            ref.apply_patch(model, ratio=ratio, max_downsample=max_downsample or 1)
+            try:
+                yield
+            finally:
+                ref.remove_patch(model)
+
+    def machinery(self) -> Dict[str, Tuple[Any, str]]:
+        """(module, attribute) of the functions that do ToMe's work, per method, for timing them."""
+        from tome_core.matching import TokenMerge
+
+        from ..adapters import hooks
+        from .references import load_tomesd_ref
+
+        found = {"tome": [(hooks, "compute_merge"), (TokenMerge, "merge"), (TokenMerge, "unmerge")]}
+        try:
+            found["reference"] = [(load_tomesd_ref().merge, "bipartite_soft_matching_random2d")]
+        except RuntimeError:
+            pass
+        return found
+
+
+class PaddleKit:
+    name = "paddle"
+    reference_name = "ppdiffusers built-in"
+
+    def __init__(self, device: str, dtype: str):
+        try:
+            import paddle
+            import ppdiffusers  # noqa: F401
+        except ImportError as exc:
+            raise MissingBackend(f"--backend paddle needs paddlepaddle and ppdiffusers ({exc.name} is not installed)") from exc
+        self.paddle = paddle
+        self.gpu = device in ("cuda", "gpu")
+        if self.gpu and not paddle.device.is_compiled_with_cuda():
+            raise MissingBackend("--device gpu: this paddle build has no CUDA (install paddlepaddle-gpu)")
+        paddle.set_device("gpu" if self.gpu else "cpu")
+        self.dtype = dtype
+        paddle.set_grad_enabled(False)
+
+    def build(self, config: str, seed: int) -> Any:
+        from ppdiffusers import UNet2DConditionModel
+
+        self.paddle.seed(seed)
+        model = UNet2DConditionModel(**CONFIGS[config])
+        if self.dtype != "float32":
+            model = model.to(dtype=self.dtype)
+        model.eval()
+        return model
+
+    def inputs(self, config: str, batch: int, res: int, seed: int) -> Tuple[Any, ...]:
+        import numpy as np
+
+        rng = np.random.RandomState(seed)
+        latent = res // 8
+        x = rng.standard_normal((batch, 4, latent, latent)).astype("float32")
+        c = rng.standard_normal((batch, TEXT_TOKENS, CONFIGS[config]["cross_attention_dim"])).astype("float32")
+        cast = lambda a: self.paddle.to_tensor(a).astype(self.dtype)  # noqa: E731
+        return cast(x), self.paddle.to_tensor(500), cast(c)
+
+    def forward(self, model: Any, inputs: Tuple[Any, ...]) -> Any:
+        return model(*inputs).sample
+
+    def sync(self) -> None:
+        if self.gpu:
+            self.paddle.device.synchronize()
+
+    def on_gpu(self) -> bool:
+        return self.gpu
+
+    def reset_peak(self) -> None:
+        self.paddle.device.cuda.reset_max_memory_allocated()
+
+    def peak_bytes(self) -> int:
+        return int(self.paddle.device.cuda.max_memory_allocated())
+
+    def to_numpy(self, x: Any) -> Any:
+        return x.astype("float32").numpy()
+
+    @contextlib.contextmanager
+    def method(self, model: Any, method: str, ratio: float, max_downsample: Any, seed: int) -> Iterator[None]:
+        import tomesd
+        from ..adapters.ppdiffusers import builtin_methods
+
+        if method == "baseline":
+            yield
+        elif method == "tome":
+            tomesd.apply_patch(model, ratio=ratio, max_downsample=max_downsample, seed=seed)
+            try:
+                yield
+            finally:
+                tomesd.remove_patch(model)
+        else:
+            with builtin_methods():
+                model.apply_tome(ratio=ratio, max_downsample=max_downsample or 1)
+                try:
+                    yield
+                finally:
+                    model.remove_tome()
+
+    def machinery(self) -> Dict[str, Tuple[Any, str]]:
+        from ppdiffusers.patches import tomesd_patch_utils
+        from tome_core.matching import TokenMerge
+
+        from ..adapters import hooks
+
+        return {
+            "tome": [(hooks, "compute_merge"), (TokenMerge, "merge"), (TokenMerge, "unmerge")],
+            "reference": [(tomesd_patch_utils, "bipartite_soft_matching_random2d")],
+        }
+
+
+def make_kit(backend: str, device: str, dtype: str) -> Any:
+    kits = {"torch": TorchKit, "paddle": PaddleKit}
+    if backend not in kits:
+        raise MissingBackend(f"unknown backend {backend!r}: choose torch or paddle")
+    return kits[backend](device, dtype)
+
+
+def timed(kit: Any, fn: Callable[[], Any]) -> float:
+    kit.sync()
+    start = time.perf_counter()
+    fn()
+    kit.sync()
+    return time.perf_counter() - start

@@ -1,0 +1,51 @@
+"""Child process of the benchmark: peak RSS of one UNet forward under one configuration (CPU).
+
+Run as `python -m tomesd.bench.memory '<json>'`; prints {"peak_rss_bytes": N}.
+"""
+from __future__ import annotations
+
+import json
+import resource
+import sys
+
+from .kits import make_kit
+from .runner import Settings
+
+
+def _reset_peak() -> bool:
+    """Linux resets VmHWM (peak RSS) on writing 5 to clear_refs: model building is left out."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    fields = dict(spec["settings"])
+    fields["ratios"] = tuple(fields["ratios"])
+    settings = Settings(**fields)
+    kit = make_kit(settings.backend, settings.device, settings.dtype)
+    model = kit.build(settings.config, settings.seed)
+    inputs = kit.inputs(settings.config, settings.batch, settings.res, settings.seed + 1)
+    with kit.method(model, spec["method"], spec["ratio"] or 0.0, settings.max_downsample, settings.seed):
+        _reset_peak()
+        kit.forward(model, inputs)
+    print(json.dumps({"peak_rss_bytes": _peak_rss()}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Turning benchmark rows into the printed table, the JSON file and the plot."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+from dataclasses import asdict
+from typing import Any, Dict, List, Optional
+
+SCHEMA = "tomesd-bench/1"
+
+
+def _mib(n: Optional[int]) -> str:
+    return "-" if not n else f"{n / 2**20:,.0f}"
+
+
+def _pct(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:+.0%}" if x else "0%"
+
+
+def label(row: Any, reference_name: str) -> str:
+    if row.method == "baseline":
+        return "baseline"
+    return f"{'ToMe (ours)' if row.method == 'tome' else reference_name} r={row.ratio:g}"
+
+
+def table(rows: List[Any], reference_name: str) -> str:
+    head = ("| configuration | time/forward (s) | speed-up | peak memory (MiB) | memory saved | "
+            "ToMe's own time | output change | self-attn tokens per level (without -> with) |")
+    lines = [head, "|" + "---|" * 8]
+    for row in rows:
+        tokens = ", ".join(
+            f"L{level}: {before}->{after}" for level, (before, after) in sorted(row.tokens.items(), key=lambda kv: int(kv[0]))
+            if before != after
+        ) or "none merged"
+        saved = "-" if row.mem_reduction is None else f"{row.mem_reduction:.0%}"
+        lines.append(
+            f"| {label(row, reference_name)} | {row.time_s:.3f} | {row.speedup:.2f}x | {_mib(row.peak_mem_bytes)} | "
+            f"{saved} | {row.tome_fraction:.1%} of the UNet | {row.output_change:.3f} | {tokens} |"
+        )
+    return "\n".join(lines)
+
+
+def machine(kit: Any) -> Dict[str, Any]:
+    info: Dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
+    if kit.name == "torch":
+        info["torch"] = kit.torch.__version__
+        info["device"] = kit.torch.cuda.get_device_name() if kit.on_gpu() else platform.processor() or "cpu"
+    else:
+        info["paddle"] = kit.paddle.__version__
+        info["device"] = kit.paddle.device.get_device()
+    return info
+
+
+def write_json(path: str, settings: Any, rows: List[Any], kit: Any, pipeline: Optional[Dict[str, Any]] = None) -> None:
+    doc = {
+        "schema": SCHEMA,
+        "machine": machine(kit),
+        "settings": asdict(settings),
+        "reference": kit.reference_name,
+        "results": [asdict(row) for row in rows],
+    }
+    if pipeline is not None:
+        doc["pipeline"] = pipeline
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=2, default=float)
+
+
+def write_plot(path: str, rows: List[Any], reference_name: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_speed, ax_mem) = plt.subplots(1, 2, figsize=(10, 4))
+    for method, name, style in (("tome", "ToMe (ours)", "o-"), ("reference", reference_name, "s--")):
+        sel = sorted((r for r in rows if r.method == method), key=lambda r: r.ratio)
+        if not sel:
+            continue
+        ratios = [r.ratio for r in sel]
+        ax_speed.plot(ratios, [r.speedup for r in sel], style, label=name)
+        if all(r.mem_reduction is not None for r in sel):
+            ax_mem.plot(ratios, [100 * r.mem_reduction for r in sel], style, label=name)
+    ax_speed.axhline(1.0, color="grey", lw=0.8)
+    ax_speed.set(xlabel="ratio", ylabel="speed-up vs baseline (x)", title="UNet forward speed-up")
+    ax_mem.set(xlabel="ratio", ylabel="peak memory saved (%)", title="Peak memory saved")
+    for ax in (ax_speed, ax_mem):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
