@@ -1,13 +1,17 @@
-# All set-up is here: `make demo` (the main job) and `make test` (both environments) need nothing else.
+# All set-up is here: `make bench` (the main job) and `make test` (both environments) need nothing else.
 PYTHON ?= python3
 TORCH_ENV := .venv-torch
 PADDLE_ENV := .venv-paddle
 REF_TOMESD := .refs/tomesd-0.1.3/tomesd/__init__.py
 # stable-diffusion-sdkit ships the original `ldm` code; its own pins are for a whole app, hence --no-deps.
 SDKIT := stable-diffusion-sdkit==2.1.5
+BENCH_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: demo test test-torch test-paddle envs clean
+.PHONY: bench demo test test-torch test-paddle envs clean
+
+bench: $(TORCH_ENV)/.ready $(REF_TOMESD)
+	$(TORCH_ENV)/bin/python -m tomesd bench $(BENCH_ARGS)
 
 demo: $(TORCH_ENV)/.ready
 	$(TORCH_ENV)/bin/python -m tomesd demo $(DEMO_ARGS)
