@@ -41,3 +41,39 @@ def test_controlnet_pipeline_patched_end_to_end(tmp_path, num_controlnets, entry
     _, models = pipe.remove_tome(only_return_self=False)
     assert pipe.unet in models
     np.testing.assert_array_equal(P.run_pipeline(pipe, num_controlnets), base)
+
+
+def test_denoisers_held_in_a_plain_list_are_patched(tmp_path):
+    """ppdiffusers' built-in tests the list instead of its items, so it leaves list-held ControlNets
+    unmerged; ours opens the list."""
+    from ppdiffusers import DiffusionPipeline
+
+    from tomesd.adapters.ppdiffusers import builtin_methods
+
+    pipe = P.controlnet_pipeline(tmp_path, 2)
+    nets = list(pipe.controlnet.nets)
+
+    class ListHoldingPipeline(DiffusionPipeline):
+        def __init__(self, unet, controlnets, vae):
+            super().__init__()
+            self.unet, self.controlnets, self.vae = unet, controlnets, vae
+
+        @property
+        def components(self):
+            return {"unet": self.unet, "controlnet": self.controlnets, "vae": self.vae}
+
+    holder = ListHoldingPipeline(pipe.unet, nets, pipe.vae)
+    is_tome_block = lambda m: type(m).__name__.startswith("ToMe")  # noqa: E731  (the built-in's classes)
+    with builtin_methods():
+        holder.apply_tome(ratio=0.5)
+        assert any(is_tome_block(m) for _, m in pipe.unet.named_sublayers())
+        assert not any(is_tome_block(m) for net in nets for _, m in net.named_sublayers())  # the gap
+        holder.remove_tome()
+
+    holder.apply_tome(ratio=0.5, seed=0)
+    for model in nets + [pipe.unet]:
+        assert len(getattr(model, PATCH_ATTR).blocks) > 0
+    assert all(PATCH_ATTR not in vars(m) for _, m in pipe.vae.named_sublayers(include_self=True))
+    _, models = holder.remove_tome(only_return_self=False)
+    assert all(PATCH_ATTR not in vars(m) for model in nets + [pipe.unet] for _, m in model.named_sublayers(include_self=True))
+    assert set(map(id, models)) == set(map(id, nets + [pipe.unet]))
