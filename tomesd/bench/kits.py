@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Callable, Dict, Iterator, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 from .configs import CONFIGS, TEXT_TOKENS
 
@@ -15,7 +15,42 @@ class MissingBackend(RuntimeError):
     pass
 
 
-class TorchKit:
+class _Kit:
+    """The parts every framework shares: the baseline, our patch, and where our time goes."""
+
+    name = ""
+
+    @contextlib.contextmanager
+    def method(self, model: Any, method: str, ratio: float, max_downsample: Any, seed: int) -> Iterator[None]:
+        import tomesd
+
+        if method == "baseline":
+            yield
+        elif method == "tome":
+            tomesd.apply_patch(model, ratio=ratio, max_downsample=max_downsample, seed=seed)
+            try:
+                yield
+            finally:
+                tomesd.remove_patch(model)
+        else:
+            # The references have no "finest attention level" default: theirs is 1.
+            with self.reference(model, ratio, max_downsample or 1):
+                yield
+
+    def machinery(self) -> Dict[str, List[Tuple[Any, str]]]:
+        """(owner, attribute) of the functions that do ToMe's work, per method, for timing them."""
+        from tome_core.matching import TokenMerge
+
+        from ..adapters import hooks
+
+        found = {"tome": [(hooks, "compute_merge"), (TokenMerge, "merge"), (TokenMerge, "unmerge")]}
+        reference = self.reference_machinery()
+        if reference:
+            found["reference"] = reference
+        return found
+
+
+class TorchKit(_Kit):
     name = "torch"
     reference_name = "tomesd 0.1.3"
 
@@ -68,44 +103,26 @@ class TorchKit:
         return x.float().cpu().numpy()
 
     @contextlib.contextmanager
-    def method(self, model: Any, method: str, ratio: float, max_downsample: Any, seed: int) -> Iterator[None]:
-        import tomesd
-
-        if method == "baseline":
-            yield
-        elif method == "tome":
-            tomesd.apply_patch(model, ratio=ratio, max_downsample=max_downsample, seed=seed)
-            try:
-                yield
-            finally:
-                tomesd.remove_patch(model)
-        else:
-            from .references import load_tomesd_ref
-
-            ref = load_tomesd_ref()
-            # tomesd has no "finest attention level" default: its own default is 1.
-            ref.apply_patch(model, ratio=ratio, max_downsample=max_downsample or 1)
-            try:
-                yield
-            finally:
-                ref.remove_patch(model)
-
-    def machinery(self) -> Dict[str, Tuple[Any, str]]:
-        """(module, attribute) of the functions that do ToMe's work, per method, for timing them."""
-        from tome_core.matching import TokenMerge
-
-        from ..adapters import hooks
+    def reference(self, model: Any, ratio: float, max_downsample: int) -> Iterator[None]:
         from .references import load_tomesd_ref
 
-        found = {"tome": [(hooks, "compute_merge"), (TokenMerge, "merge"), (TokenMerge, "unmerge")]}
+        ref = load_tomesd_ref()
+        ref.apply_patch(model, ratio=ratio, max_downsample=max_downsample)
         try:
-            found["reference"] = [(load_tomesd_ref().merge, "bipartite_soft_matching_random2d")]
+            yield
+        finally:
+            ref.remove_patch(model)
+
+    def reference_machinery(self) -> List[Tuple[Any, str]]:
+        from .references import load_tomesd_ref
+
+        try:
+            return [(load_tomesd_ref().merge, "bipartite_soft_matching_random2d")]
         except RuntimeError:
-            pass
-        return found
+            return []
 
 
-class PaddleKit:
+class PaddleKit(_Kit):
     name = "paddle"
     reference_name = "ppdiffusers built-in"
 
@@ -163,36 +180,20 @@ class PaddleKit:
         return x.astype("float32").numpy()
 
     @contextlib.contextmanager
-    def method(self, model: Any, method: str, ratio: float, max_downsample: Any, seed: int) -> Iterator[None]:
-        import tomesd
+    def reference(self, model: Any, ratio: float, max_downsample: int) -> Iterator[None]:
         from ..adapters.ppdiffusers import builtin_methods
 
-        if method == "baseline":
-            yield
-        elif method == "tome":
-            tomesd.apply_patch(model, ratio=ratio, max_downsample=max_downsample, seed=seed)
+        with builtin_methods():
+            model.apply_tome(ratio=ratio, max_downsample=max_downsample)
             try:
                 yield
             finally:
-                tomesd.remove_patch(model)
-        else:
-            with builtin_methods():
-                model.apply_tome(ratio=ratio, max_downsample=max_downsample or 1)
-                try:
-                    yield
-                finally:
-                    model.remove_tome()
+                model.remove_tome()
 
-    def machinery(self) -> Dict[str, Tuple[Any, str]]:
+    def reference_machinery(self) -> List[Tuple[Any, str]]:
         from ppdiffusers.patches import tomesd_patch_utils
-        from tome_core.matching import TokenMerge
 
-        from ..adapters import hooks
-
-        return {
-            "tome": [(hooks, "compute_merge"), (TokenMerge, "merge"), (TokenMerge, "unmerge")],
-            "reference": [(tomesd_patch_utils, "bipartite_soft_matching_random2d")],
-        }
+        return [(tomesd_patch_utils, "bipartite_soft_matching_random2d")]
 
 
 def make_kit(backend: str, device: str, dtype: str) -> Any:
