@@ -293,3 +293,21 @@ def test_newer_block_variant_runs_unchanged_where_tomesd_copy_is_wrong():
     assert torch.equal(with_ours(model, run, ratio=0.0), base)
     merged = with_ours(model, run, ratio=0.5, use_rand=False)  # patchified tokens: level 2 is the finest
     assert torch.isfinite(merged).all() and (merged - base).abs().max().item() > 1e-3
+
+
+def test_a_rejected_call_leaves_an_enclosing_call_intact(sd1_unet):
+    """A root called with a non-latent input is refused; the call state of an enclosing call survives."""
+    from tomesd.adapters.hooks import _CallState
+
+    tomesd.apply_patch(sd1_unet, use_rand=False)
+    try:
+        patch = getattr(sd1_unet, PATCH_ATTR)
+        outer = _CallState((16, 16), None)
+        patch._state.calls.append(outer)
+        with pytest.raises(ValueError, match=r"latent \[B, C, H, W\]"):
+            with torch.no_grad():
+                sd1_unet(torch.randn(2, 4, 16), torch.tensor(1), torch.randn(2, 7, 32))
+        assert patch._state.calls == [outer]
+        patch._state.calls.clear()
+    finally:
+        tomesd.remove_patch(sd1_unet)

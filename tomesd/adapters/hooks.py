@@ -116,12 +116,13 @@ class ToMePatch:
     def _enter_root(self, module: Any, args: tuple, kwargs: dict) -> None:
         latent, _ = _first_input(args, kwargs, _LATENT_KWARGS)
         shape = self.ops.shape(latent)
+        timestep = args[1] if len(args) > 1 else next((kwargs[k] for k in _TIMESTEP_KWARGS if k in kwargs), None)
+        # Pushed before any error: the always-called exit hook pops it even when this hook raises.
+        self._state.calls.append(_CallState((shape[-2], shape[-1]), timestep))
         if len(shape) != 4:
             raise ValueError(
                 f"ToMe needs {type(module).__name__}'s first input to be a latent [B, C, H, W], got shape {list(shape)}"
             )
-        timestep = args[1] if len(args) > 1 else next((kwargs[k] for k in _TIMESTEP_KWARGS if k in kwargs), None)
-        self._state.calls.append(_CallState((shape[2], shape[3]), timestep))
 
     def _exit_root(self, module: Any, args: tuple, output: Any) -> None:
         state = self._state
