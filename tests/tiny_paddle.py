@@ -5,7 +5,7 @@ from __future__ import annotations
 import paddle
 
 import tiny_torch as T
-from clip_vocab import write_clip_vocab
+from tiny_configs import CLIP_TEXT, VAE, write_clip_vocab
 
 
 def load_paddle(cls, torch_model, folder):
@@ -25,10 +25,7 @@ def controlnet_pipeline(tmp_path, num_controlnets: int = 1):
     vocab_file, merges_file, vocab_size = write_clip_vocab(str(tmp_path))
     tokenizer = CLIPTokenizer(vocab_file, merges_file, max_len=77)
     paddle.seed(0)
-    text_encoder = CLIPTextModel(CLIPTextConfig(
-        hidden_size=32, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2,
-        vocab_size=vocab_size, max_position_embeddings=77, bos_token_id=0, eos_token_id=1, pad_token_id=1,
-    ))
+    text_encoder = CLIPTextModel(CLIPTextConfig(vocab_size=vocab_size, **CLIP_TEXT))
     text_encoder.eval()
     torch_unet = T.unet()
     unet = load_paddle(UNet2DConditionModel, torch_unet, tmp_path / "unet")
@@ -40,10 +37,7 @@ def controlnet_pipeline(tmp_path, num_controlnets: int = 1):
         )
         for i in range(num_controlnets)
     ]
-    vae = load_paddle(AutoencoderKL, TorchVAE(
-        block_out_channels=(8, 16), down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=4, norm_num_groups=8, sample_size=32,
-    ), tmp_path / "vae")
+    vae = load_paddle(AutoencoderKL, TorchVAE(**VAE), tmp_path / "vae")
     pipe = StableDiffusionControlNetPipeline(
         vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet,
         controlnet=controlnets[0] if num_controlnets == 1 else controlnets,

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from clip_vocab import write_clip_vocab
+from tiny_configs import CLIP_TEXT, VAE, write_clip_vocab
 
 SD1_UNET = dict(
     sample_size=16, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(32, 64, 64),
@@ -77,14 +77,8 @@ def components(tmp_path) -> dict:
     vocab_file, merges_file, vocab_size = write_clip_vocab(str(tmp_path))
     tokenizer = CLIPTokenizer(vocab_file, merges_file, model_max_length=77)
     torch.manual_seed(0)
-    text_encoder = CLIPTextModel(CLIPTextConfig(
-        hidden_size=32, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2,
-        vocab_size=vocab_size, max_position_embeddings=77, bos_token_id=0, eos_token_id=1, pad_token_id=1,
-    )).eval()
-    vae = AutoencoderKL(
-        block_out_channels=(8, 16), down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=4, norm_num_groups=8, sample_size=32,
-    ).eval()
+    text_encoder = CLIPTextModel(CLIPTextConfig(vocab_size=vocab_size, **CLIP_TEXT)).eval()
+    vae = AutoencoderKL(**VAE).eval()
     return dict(vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet(), scheduler=DDIMScheduler())
 
 

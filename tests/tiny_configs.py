@@ -1,4 +1,5 @@
-"""A tiny CLIP BPE vocabulary written to disk, so tokenizers load with no model hub."""
+"""Framework-free parts of the tiny test pipelines: configs, and a CLIP BPE vocabulary written to disk
+so tokenizers load with no model hub."""
 import json
 import os
 
@@ -17,3 +18,15 @@ def write_clip_vocab(folder: str) -> tuple:
     with open(merges_file, "w") as f:
         f.write("#version: 0.2\n")
     return vocab_file, merges_file, len(vocab)
+
+
+# CLIPTextConfig arguments (plus vocab_size from write_clip_vocab), the same in transformers and ppdiffusers.
+CLIP_TEXT = dict(
+    hidden_size=32, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2,
+    max_position_embeddings=77, bos_token_id=0, eos_token_id=1, pad_token_id=1,
+)
+# AutoencoderKL arguments.
+VAE = dict(
+    block_out_channels=(8, 16), down_block_types=("DownEncoderBlock2D",) * 2,
+    up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=4, norm_num_groups=8, sample_size=32,
+)
