@@ -1,19 +1,28 @@
 """Token Merging for Stable Diffusion: the algorithm, free of any framework import."""
 from .backend import Backend, get_backend, register_backend
-from .matching import TokenMerge, bipartite_soft_matching_random2d, compute_merge, do_nothing, grid_partition
-from .schedule import BlockPlan, ToMeArgs, downsample_level, plan_block
+from . import rng
+from .matching import (
+    MERGE_MODES, TokenMerge, bipartite_soft_matching_random2d, compute_merge, do_nothing, grid_partition, random_offsets,
+)
+from .rng import DEFAULT_SEED
+from .schedule import BlockPlan, ToMeArgs, block_grid, downsample_level, plan_block
 
 __all__ = [
     "Backend",
     "BlockPlan",
+    "DEFAULT_SEED",
+    "MERGE_MODES",
     "ToMeArgs",
     "TokenMerge",
     "bipartite_soft_matching_random2d",
+    "block_grid",
     "compute_merge",
     "do_nothing",
     "downsample_level",
     "get_backend",
     "grid_partition",
     "plan_block",
+    "random_offsets",
     "register_backend",
+    "rng",
 ]

@@ -7,15 +7,13 @@ similarity order, then every dst token in grid order.
 """
 from __future__ import annotations
 
-import itertools
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 from . import rng
 from .backend import Backend, get_backend
 
-_draw_counter = itertools.count()  # for direct calls that bring no counter of their own
-_GRID_CACHE: Dict[tuple, Tuple[Any, Any, Any]] = {}
-_GRID_CACHE_SIZE = 32
+# tomesd's merge passes `mode` to scatter_reduce; every reduction it accepts is served here.
+MERGE_MODES = ("mean", "sum", "amax", "amin", "prod")
 
 
 def do_nothing(x: Any, mode: Optional[str] = None) -> Any:
@@ -35,25 +33,14 @@ def grid_partition(
     hsy, wsx = h // sy, w // sx
     n, num_dst = h * w, hsy * wsx
     cell = xp.arange(num_dst, like)
-    if offsets is None:
-        offsets = xp.zeros([num_dst], like, integer=True)
-    dy, dx = offsets // sx, offsets % sx
-    dst_tokens = ((cell // wsx) * sy + dy) * w + (cell % wsx) * sx + dx
+    dst_tokens = (cell // wsx) * (sy * w) + (cell % wsx) * sx
+    if offsets is not None:
+        dst_tokens = dst_tokens + (offsets // sx) * w + offsets % sx
     is_dst = xp.scatter_add(xp.zeros([n], like, integer=True), dst_tokens, xp.ones([num_dst], like, integer=True))
     num_src = n - num_dst
     position = xp.where(is_dst > 0, num_src + xp.cumsum(is_dst, 0) - 1, xp.cumsum(1 - is_dst, 0) - 1)
     order = xp.scatter_add(xp.zeros([n], like, integer=True), position, xp.arange(n, like))
     return order[:num_src], order[num_src:], position
-
-
-def _cached_grid(xp: Backend, like: Any, w: int, h: int, sx: int, sy: int) -> Tuple[Any, Any, Any]:
-    key = (xp.name, xp.device_key(like), w, h, sx, sy)
-    grid = _GRID_CACHE.get(key)
-    if grid is None:
-        if len(_GRID_CACHE) >= _GRID_CACHE_SIZE:
-            _GRID_CACHE.pop(next(iter(_GRID_CACHE)))
-        grid = _GRID_CACHE[key] = grid_partition(xp, like, w, h, sx, sy, None)
-    return grid
 
 
 def _inverse_permutation(xp: Backend, perm: Any) -> Any:
@@ -66,13 +53,15 @@ def _inverse_permutation(xp: Backend, perm: Any) -> Any:
 
 
 class TokenMerge:
-    """A computed merge: `merge` maps [B, N, C] to [B, N - r, C], `unmerge` maps back."""
+    """A computed merge: `merge` maps [B, N, C] to [B, N - r, C], `unmerge` maps back.
+
+    Holds only tensors and ints, so it lives as long as the call (or the recompute) using it.
+    """
 
     def __init__(self, xp: Backend, flat_rows: Any, inv_counts: Any, batch: int, n: int, m: int):
         self._xp = xp
         self._flat_rows = flat_rows  # [B*N] row of the flattened merged tensor for each token
         self._inv_counts = inv_counts  # [B, M, 1] float32, 1 / tokens in each merged row
-        self._inv_cache: Dict[Any, Any] = {}
         self.batch, self.num_tokens, self.num_merged = batch, n, m
 
     def _check(self, x: Any, expected: int, what: str) -> Tuple[int, int, int]:
@@ -84,26 +73,27 @@ class TokenMerge:
         return b, n, c
 
     def merge(self, x: Any, mode: str = "mean") -> Any:
+        """Each merged row reduces its tokens (a dst and the src merged into it) with `mode`."""
         xp = self._xp
+        if mode not in MERGE_MODES:
+            raise ValueError(f"merge mode must be one of {MERGE_MODES}, got {mode!r}")
         b, n, c = self._check(x, self.num_tokens, "merge")
-        if mode not in ("mean", "sum"):
-            raise ValueError(f"merge mode must be 'mean' or 'sum', got {mode!r}")
-        summed = xp.scatter_add(
-            xp.zeros([b * self.num_merged, c], x), self._flat_rows, xp.reshape(x, [b * n, c])
-        )
-        summed = xp.reshape(summed, [b, self.num_merged, c])
-        if mode == "sum":
-            return summed
-        dtype_key = str(getattr(x, "dtype", None))
-        inv = self._inv_cache.get(dtype_key)
-        if inv is None:
-            inv = self._inv_cache[dtype_key] = xp.astype_like(self._inv_counts, x)
-        return summed * inv
+        flat = xp.reshape(x, [b * n, c])
+        target = xp.zeros([b * self.num_merged, c], x)
+        if mode in ("mean", "sum"):
+            out = xp.reshape(xp.scatter_add(target, self._flat_rows, flat), [b, self.num_merged, c])
+            return out if mode == "sum" else out * xp.astype_like(self._inv_counts, x)
+        return xp.reshape(xp.scatter_reduce(target, self._flat_rows, flat, mode), [b, self.num_merged, c])
 
     def unmerge(self, x: Any) -> Any:
         xp = self._xp
         b, m, c = self._check(x, self.num_merged, "unmerge")
         return xp.reshape(xp.take(xp.reshape(x, [b * m, c]), self._flat_rows, 0), [b, self.num_tokens, c])
+
+
+def random_offsets(xp: Backend, like: Any, w: int, h: int, sx: int, sy: int, key: rng.Key) -> Any:
+    """The random dst place in each sy-by-sx cell, row-major, drawn from `key` (see tome_core.rng)."""
+    return rng.randint(xp, like, (h // sy) * (w // sx), sx * sy, key)
 
 
 def compute_merge(
@@ -114,11 +104,12 @@ def compute_merge(
     sx: int,
     sy: int,
     r: int,
-    no_rand: bool,
-    seed: int,
-    counter: int,
+    offsets: Optional[Any] = None,
 ) -> Optional[TokenMerge]:
-    """Match tokens of `metric` [B, N, C] and return the merge, or None when nothing merges."""
+    """Match tokens of `metric` [B, N, C] and return the merge, or None when nothing merges.
+
+    `offsets`: the dst place in each cell (`random_offsets`); None puts dst at each cell's top-left.
+    """
     b, n, _ = xp.shape(metric)
     if r <= 0:
         return None
@@ -127,12 +118,7 @@ def compute_merge(
     if h // sy == 0 or w // sx == 0:
         return None  # grid smaller than one cell: no dst token exists
     with xp.no_grad():
-        if no_rand:
-            src_idx, dst_idx, position = _cached_grid(xp, metric, w, h, sx, sy)
-        else:
-            num_cells = (h // sy) * (w // sx)
-            offsets = rng.randint(xp, metric, num_cells, sx * sy, seed, counter)
-            src_idx, dst_idx, position = grid_partition(xp, metric, w, h, sx, sy, offsets)
+        src_idx, dst_idx, position = grid_partition(xp, metric, w, h, sx, sy, offsets)
         num_dst = xp.shape(dst_idx)[0]
         num_src = n - num_dst
         r = min(r, num_src)
@@ -163,22 +149,29 @@ def bipartite_soft_matching_random2d(
     sy: int,
     r: int,
     no_rand: bool = False,
-    seed: Optional[int] = None,
+    generator: Optional[Any] = None,
     *,
-    counter: Optional[int] = None,
+    seed: Optional[int] = None,
 ) -> Tuple[Callable, Callable]:
     """tomesd's function: partition tokens into src/dst (one dst per sx-by-sy cell, random or
     top-left) and merge the r most similar src tokens into their dst.
 
-    metric [B, N, C] (torch or paddle), N == h*w. Randomness comes from (seed, counter); without
-    a seed one is derived from the framework's global RNG state, which is read, never advanced.
-    Returns (merge, unmerge); merge(x, mode="mean") -> [B, N - r, C], unmerge -> [B, N, C].
+    metric [B, N, C] (torch or paddle), N == h*w. The random dst comes from `generator` when one is
+    given (a torch.Generator, drawn from as tomesd does), else from `seed` (default
+    tome_core.rng.DEFAULT_SEED): the same arguments give the same merge, and the global RNG is
+    never read. Returns (merge, unmerge); merge(x, mode="mean") -> [B, N - r, C], unmerge -> [B, N, C].
     """
     xp = get_backend(metric)
-    if not no_rand:
-        seed = xp.global_seed() if seed is None else seed
-        counter = next(_draw_counter) if counter is None else counter
-    result = compute_merge(xp, metric, w, h, sx, sy, r, no_rand, seed or 0, counter or 0)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+    offsets = None
+    if not no_rand and h // sy > 0 and w // sx > 0:
+        if generator is not None:
+            offsets = xp.randint_from(generator, sx * sy, (h // sy, w // sx), metric)
+        else:
+            key = rng.block_key(xp, rng.DEFAULT_SEED if seed is None else seed, 0, 0)
+            offsets = random_offsets(xp, metric, w, h, sx, sy, key)
+    result = compute_merge(xp, metric, w, h, sx, sy, r, offsets)
     if result is None:
         return do_nothing, do_nothing
     return result.merge, result.unmerge

@@ -1,19 +1,26 @@
 """A stateless, counter-based generator for the random dst choice.
 
-Each draw is a pure function of (seed, counter, position), evaluated with backend integer ops.
-So it never touches a framework's global RNG, it is reproducible from an integer seed, and
-torch and paddle produce the same values bit for bit: every intermediate stays below 2**62, so
-int64 arithmetic is exact on both.
+Every draw is a pure function of (seed, timestep, block, position), evaluated with integer ops on
+the tensor's own device. So it never touches a framework's global RNG, never reads a tensor's
+value on the host (no sync, nothing a graph compiler must break on), and torch and paddle produce
+the same values bit for bit: every intermediate stays below 2**62, so int64 arithmetic is exact
+on both.
 """
 from __future__ import annotations
 
-from typing import Any
+import struct
+from typing import Any, Union
 
 from .backend import Backend
 
+DEFAULT_SEED = 0
 _PRIME = 2_147_483_647  # 2**31 - 1
 _ROUNDS = ((48_271, 12_345), (69_621, 67_891), (40_692, 24_680))
 _MASK64 = (1 << 64) - 1
+# Timesteps are keyed at 1/1024 resolution: exact for float32 values below 2**13.
+_TIMESTEP_SCALE = 1024
+
+Key = Union[int, Any]  # a Python int, or an int64 tensor that broadcasts against [n]
 
 
 def _splitmix64(z: int) -> int:
@@ -24,14 +31,38 @@ def _splitmix64(z: int) -> int:
 
 
 def stream_key(seed: int, counter: int) -> int:
-    """Mix a seed and a draw counter into one key in [0, 2**31 - 1)."""
+    """Mix a seed and a counter (here: a block's index) into one key in [0, 2**31 - 1)."""
     return _splitmix64(_splitmix64(seed & _MASK64) ^ (counter & _MASK64)) % _PRIME
 
 
-def randint(xp: Backend, like: Any, n: int, high: int, seed: int, counter: int) -> Any:
+def _xor_shift(xp: Backend, x: Key) -> Key:
+    return x ^ (x // 65_536) if isinstance(x, int) else xp.bitwise_xor(x, x // 65_536)
+
+
+def timestep_key(xp: Backend, timestep: Any) -> Key:
+    """An integer key from a timestep: a number, or a tensor whose first element is used.
+
+    Computed on the timestep's device (a tensor stays a tensor): floor(t * 1024 + 0.5) in float32,
+    the same integer on torch, on paddle and from a Python number.
+    """
+    if timestep is None:
+        return 0
+    if isinstance(timestep, (int, float)):
+        t32 = struct.unpack("<f", struct.pack("<f", float(timestep)))[0]
+        return int((t32 * _TIMESTEP_SCALE + 0.5) // 1) % _PRIME
+    first = xp.reshape(timestep, [-1])[:1]
+    return xp.to_int64(xp.floor(xp.to_float32(first) * _TIMESTEP_SCALE + 0.5)) % _PRIME
+
+
+def block_key(xp: Backend, seed: int, block: int, t_key: Key) -> Key:
+    """The key of one block's draw at one timestep: a Python int, or a [1] int64 tensor."""
+    key = (stream_key(seed, block) + t_key * _ROUNDS[1][0]) % _PRIME
+    return _xor_shift(xp, (key * _ROUNDS[0][0] + _ROUNDS[0][1]) % _PRIME)
+
+
+def randint(xp: Backend, like: Any, n: int, high: int, key: Key) -> Any:
     """n integers in [0, high), int64, on the device of `like`."""
-    x = (xp.arange(n, like) * 16_807 + stream_key(seed, counter)) % _PRIME
+    x = (xp.arange(n, like) * 16_807 + key) % _PRIME
     for mul, add in _ROUNDS:
-        x = (x * mul + add) % _PRIME
-        x = xp.bitwise_xor(x, x // 65_536)
+        x = _xor_shift(xp, (x * mul + add) % _PRIME)
     return x % high

@@ -5,6 +5,8 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+from .rng import DEFAULT_SEED
+
 
 @dataclass(frozen=True)
 class ToMeArgs:
@@ -37,15 +39,42 @@ class ToMeArgs:
         if self.seed is not None and not _is_int(self.seed):
             raise TypeError(f"seed must be an int or None, got {self.seed!r}")
 
+    @property
+    def rand_seed(self) -> int:
+        """The seed of the random dst pattern: the user's, else the fixed DEFAULT_SEED."""
+        return DEFAULT_SEED if self.seed is None else self.seed
+
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def downsample_level(latent_hw: Tuple[int, int], num_tokens: int) -> int:
-    """How many times a block's token grid is downsampled from the latent (1, 2, 4, ...)."""
+    """tomesd's estimate of how many times a block's grid is downsampled from the latent."""
     h, w = latent_hw
     return int(math.ceil(math.sqrt((h * w) // num_tokens)))
+
+
+def block_grid(latent_hw: Tuple[int, int], num_tokens: int) -> Optional[Tuple[int, int, int]]:
+    """(level, h, w) of a block's token grid, or None when no level explains `num_tokens`.
+
+    A UNet's strided convolutions give ceil(side / level) tokens per side. tomesd's estimate is
+    used whenever its grid holds exactly `num_tokens` (so results equal tomesd's); otherwise the
+    power-of-two level whose grid does. Latent sides that do not divide by the level can make the
+    estimate wrong (17x24 at level 8: 3x3 tokens, estimated level 7), and such a block must not
+    be given a grid it does not have.
+    """
+    h, w = latent_hw
+    if num_tokens <= 0:
+        return None
+    estimate = downsample_level(latent_hw, num_tokens)
+    for level in [estimate] + [1 << k for k in range(16)]:
+        if level < 1:
+            continue
+        gh, gw = -(-h // level), -(-w // level)
+        if gh * gw == num_tokens:
+            return level, gh, gw
+    return None
 
 
 @dataclass(frozen=True)
@@ -63,15 +92,18 @@ def plan_block(
 
     `finest_level` is the level of the first attention block of the call; it stands in for
     `max_downsample` when that is None, so SD1/2 (attention at level 1) behave as tomesd's default.
+    A block whose token count fits no grid of the latent is left alone.
     """
-    level = downsample_level(latent_hw, num_tokens)
+    grid = block_grid(latent_hw, num_tokens)
+    if grid is None:
+        return None
+    level, h, w = grid
     limit = finest_level if args.max_downsample is None else args.max_downsample
     if level > limit:
         return None
-    h, w = latent_hw
     return BlockPlan(
-        w=int(math.ceil(w / level)),
-        h=int(math.ceil(h / level)),
+        w=w,
+        h=h,
         r=int(num_tokens * args.ratio),
         # An odd batch cannot hold matching cond/uncond halves; random dst then causes artifacts.
         use_rand=args.use_rand and batch % 2 == 0,

@@ -31,8 +31,10 @@ def apply_patch(
       default, and 2 on SDXL, whose full-resolution level has no attention.
     sx, sy: stride of the dst grid; use_rand: random dst in each cell (off for odd batches).
     merge_attn / merge_crossattn / merge_mlp: where tokens are merged.
-    seed: makes the random dst choice reproducible; without it, one is derived from the
-      framework's global RNG state, which is read and never advanced.
+    seed: the seed of the random dst pattern (default None: tome_core.DEFAULT_SEED, i.e. 0). A
+      block's pattern is a function of the seed, the call's timestep and the block's index, so the
+      same weights and inputs give the same outputs in any process, on torch and paddle alike;
+      the global RNG is never read.
     Raises ValueError / TypeError, with `model` unchanged, for bad arguments or objects.
     """
     args = ToMeArgs(

@@ -50,27 +50,53 @@ def test_half_precision_metric_runs_and_keeps_dtype(dtype):
     assert u(merged).dtype == dtype and u(merged).shape == x.shape
 
 
-def test_sum_mode_and_bad_mode():
-    x = torch.randn(2, 64, 8)
+@pytest.mark.parametrize("mode", ["mean", "sum", "amax", "amin", "prod"])
+def test_every_tomesd_merge_mode_equals_tomesd(mode):
+    x = torch.randn(2, 64, 8, generator=torch.Generator().manual_seed(5))
     m_ref, _ = ref.merge.bipartite_soft_matching_random2d(x, 8, 8, 2, 2, 20, no_rand=True)
     m, _ = bipartite_soft_matching_random2d(x, 8, 8, 2, 2, 20, no_rand=True)
-    same_rows(m(x, mode="sum"), m_ref(x, mode="sum"), 1e-5)
+    ours, theirs = m(x, mode=mode), m_ref(x, mode=mode)
+    same_rows(ours, theirs, 1e-5)
+    if mode != "mean":  # the modes really differ, so a mode ignored would fail
+        assert (ours - m(x, mode="mean")).abs().max() > 0.1
+
+
+def test_unknown_merge_mode_is_refused():
+    m, _ = bipartite_soft_matching_random2d(torch.randn(2, 64, 8), 8, 8, 2, 2, 20, no_rand=True)
     with pytest.raises(ValueError, match="mode"):
-        m(x, mode="prod")
+        m(torch.randn(2, 64, 8), mode="median")
 
 
-def test_random_dst_never_touches_global_rng_and_follows_seed():
+@pytest.mark.parametrize("by_keyword", [False, True], ids=["positional", "keyword"])
+def test_generator_is_drawn_from_as_tomesd_does(by_keyword):
+    x = torch.randn(2, 256, 16, generator=torch.Generator().manual_seed(2))
+    g_ref, g_ours = torch.Generator().manual_seed(42), torch.Generator().manual_seed(42)
+    m_ref, u_ref = ref.merge.bipartite_soft_matching_random2d(x, 16, 16, 2, 2, 100, False, g_ref)
+    if by_keyword:
+        m, u = bipartite_soft_matching_random2d(x, 16, 16, 2, 2, 100, generator=g_ours)
+    else:
+        m, u = bipartite_soft_matching_random2d(x, 16, 16, 2, 2, 100, False, g_ours)
+    same_rows(m(x), m_ref(x), 1e-5)
+    assert torch.allclose(u(m(x)), u_ref(m_ref(x)), atol=1e-5)
+    top_left, _ = bipartite_soft_matching_random2d(x, 16, 16, 2, 2, 100, no_rand=True)
+    assert not torch.allclose(m(x), top_left(x))  # the generator's draw mattered
+    assert torch.equal(g_ours.get_state(), g_ref.get_state())  # advanced by the same draw
+
+
+def test_a_seed_makes_the_function_pure_and_the_global_rng_is_untouched():
     x = torch.randn(2, 256, 16)
     torch.manual_seed(123)
     expected = torch.rand(4)
     torch.manual_seed(123)
-    m1, _ = bipartite_soft_matching_random2d(x, 16, 16, 2, 2, 100, seed=7, counter=0)
-    m2, _ = bipartite_soft_matching_random2d(x, 16, 16, 2, 2, 100)
+    m1, _ = bipartite_soft_matching_random2d(x, 16, 16, 2, 2, 100, seed=99)
+    again, _ = bipartite_soft_matching_random2d(x, 16, 16, 2, 2, 100, seed=99)
+    default1, _ = bipartite_soft_matching_random2d(x, 16, 16, 2, 2, 100)
+    default2, _ = bipartite_soft_matching_random2d(x, 16, 16, 2, 2, 100)
     assert torch.equal(torch.rand(4), expected)
-    again, _ = bipartite_soft_matching_random2d(x, 16, 16, 2, 2, 100, seed=7, counter=0)
-    other, _ = bipartite_soft_matching_random2d(x, 16, 16, 2, 2, 100, seed=7, counter=1)
+    other, _ = bipartite_soft_matching_random2d(x, 16, 16, 2, 2, 100, seed=7)
     top_left, _ = bipartite_soft_matching_random2d(x, 16, 16, 2, 2, 100, no_rand=True)
     assert torch.equal(m1(x), again(x))
+    assert torch.equal(default1(x), default2(x))
     assert not torch.equal(m1(x), other(x))
     assert not torch.equal(m1(x), top_left(x))
 
@@ -80,7 +106,7 @@ def test_random_offsets_cover_every_cell_position():
     from tome_core.backend import get_backend
 
     like = torch.zeros(1)
-    draws = randint(get_backend(like), like, 4096, 4, seed=1, counter=0)
+    draws = randint(get_backend(like), like, 4096, 4, key=12345)
     counts = torch.bincount(draws, minlength=4)
     assert counts.min() > 900 and counts.max() < 1150  # about 1024 each
 

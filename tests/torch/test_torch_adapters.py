@@ -295,19 +295,23 @@ def test_newer_block_variant_runs_unchanged_where_tomesd_copy_is_wrong():
     assert torch.isfinite(merged).all() and (merged - base).abs().max().item() > 1e-3
 
 
-def test_a_rejected_call_leaves_an_enclosing_call_intact(sd1_unet):
-    """A root called with a non-latent input is refused; the call state of an enclosing call survives."""
-    from tomesd.adapters.hooks import _CallState
+@pytest.mark.parametrize("bad_call", ["not-a-latent", "no-latent"])
+def test_a_rejected_call_leaves_an_enclosing_call_intact(sd1_unet, bad_call):
+    """A root called with a non-latent or without its latent is refused; an enclosing call's state survives."""
+    from tomesd.adapters.hooks import _Call
 
     tomesd.apply_patch(sd1_unet, use_rand=False)
     try:
         patch = getattr(sd1_unet, PATCH_ATTR)
-        outer = _CallState((16, 16), None)
-        patch._state.calls.append(outer)
-        with pytest.raises(ValueError, match=r"latent \[B, C, H, W\]"):
+        outer = _Call()
+        patch._threads.stack.append(outer)
+        with pytest.raises((ValueError, TypeError), match=r"latent \[B, C, H, W\]|no 'sample' input"):
             with torch.no_grad():
-                sd1_unet(torch.randn(2, 4, 16), torch.tensor(1), torch.randn(2, 7, 32))
-        assert patch._state.calls == [outer]
-        patch._state.calls.clear()
+                if bad_call == "not-a-latent":
+                    sd1_unet(torch.randn(2, 4, 16), torch.tensor(1), torch.randn(2, 7, 32))
+                else:
+                    sd1_unet(timestep=torch.tensor(1), encoder_hidden_states=torch.randn(2, 7, 32))
+        assert patch._threads.stack == [outer]
+        patch._threads.stack.clear()
     finally:
         tomesd.remove_patch(sd1_unet)

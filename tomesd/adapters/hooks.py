@@ -1,21 +1,29 @@
 """ToMe installed as forward hooks on each transformer block's sub-layers.
 
 The host library's own block forward runs unchanged. Per root model (a UNet or a ControlNet):
-- a pre-hook on the root reads the latent size of this call;
+- a pre-hook on the root reads this call's latent size and timestep;
 - a pre-hook on each BasicTransformerBlock computes the merge from the block's input;
 - pre-hooks on attn1 / attn2 / ff merge their input, post-hooks unmerge their output.
-Everything a call computes lives in thread-local state, never on a module, so concurrent calls
-at different resolutions cannot see each other's size or merge.
+
+Rules the per-call path keeps (see the README's "How it runs"):
+- No host reads: the random pattern is keyed by (seed, timestep tensor, block index) with device
+  ops, so a call never syncs and a graph compiler traces it whole.
+- One owner per state: what a call computes lives in that call's entry of a call stack, per thread
+  in eager mode (concurrent calls at different resolutions never meet), and in a plain list while
+  a graph compiler traces (thread-locals break graphs; a compiled graph holds no Python state).
+- Checkpointing replays a block after its call ended: with gradients on, each block's latest merge
+  is kept so the recompute merges exactly as the forward did.
+- Hooks are bound methods of the patch, so patched models deepcopy and pickle; a copy's patch
+  owns the copy's hooks.
 """
 from __future__ import annotations
 
-import hashlib
-import itertools
-import struct
+import functools
+import inspect
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from tome_core import ToMeArgs, TokenMerge, compute_merge, downsample_level, plan_block
+from tome_core import ToMeArgs, TokenMerge, block_grid, compute_merge, plan_block, random_offsets, rng
 
 from .frameworks import class_names
 
@@ -23,51 +31,80 @@ BLOCK_CLASS = "BasicTransformerBlock"
 PATCH_ATTR = "_tome_patch"
 # Sub-layer of a block, and the ToMeArgs flag that merges around it.
 SUBLAYERS = (("attn1", "merge_attn"), ("attn2", "merge_crossattn"), ("ff", "merge_mlp"))
-_TOKENS_KWARGS = ("hidden_states", "x")
-_LATENT_KWARGS = ("sample", "x")
-_TIMESTEP_KWARGS = ("timestep", "timesteps", "t")
-_GOLDEN = 0x9E3779B97F4A7C15
+_TOKENS = ("hidden_states", "x")
+_LATENT = ("sample", "x")
+_TIMESTEP = ("timestep", "timesteps", "t")
 
 
 def transformer_blocks(ops: Any, root: Any) -> List[Any]:
     return [m for _, m in ops.named_modules(root) if BLOCK_CLASS in class_names(m)]
 
 
-class _CallState:
-    __slots__ = ("latent_hw", "finest_level", "timestep", "rand_key", "draws")
+class InputSpec:
+    """Where one input of a module's forward arrives: by position `index`, or by keyword `name`."""
 
-    def __init__(self, latent_hw: Tuple[int, int], timestep: Any):
-        self.latent_hw = latent_hw
-        self.finest_level: Optional[int] = None  # level of the call's first attention block
-        self.timestep = timestep
-        self.rand_key: Optional[int] = None  # derived from the timestep at the call's first draw
-        self.draws = 0
+    __slots__ = ("name", "index")
+
+    def __init__(self, name: str, index: Optional[int]):
+        self.name, self.index = name, index
+
+    @classmethod
+    def find(cls, module: Any, names: Sequence[str], first_positional: bool) -> Optional["InputSpec"]:
+        """The first of `names` in the module's forward signature (else its first positional
+        parameter, when `first_positional`), or None."""
+        try:
+            params = list(inspect.signature(module.forward).parameters.values())
+        except (TypeError, ValueError):
+            params = []
+        positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        keyword = {p.name for p in params if p.kind == p.KEYWORD_ONLY}
+        for name in names:
+            if name in positional:
+                return cls(name, positional.index(name))
+            if name in keyword:
+                return cls(name, None)
+        if first_positional:
+            return cls(positional[0], 0) if positional else cls(names[0], 0)
+        return None
+
+    def get(self, args: tuple, kwargs: dict) -> Any:
+        if self.index is not None and len(args) > self.index:
+            return args[self.index]
+        return kwargs.get(self.name)
+
+    def replace(self, args: tuple, kwargs: dict, value: Any) -> Tuple[tuple, dict]:
+        i = self.index
+        if i is not None and len(args) > i:
+            return args[:i] + (value,) + args[i + 1:], kwargs
+        return args, {**kwargs, self.name: value}
 
 
-class _ThreadState(threading.local):
+class _Call:
+    """What one call of a root computes; dropped when the call returns."""
+
+    __slots__ = ("latent_hw", "t_key", "finest_level", "merges")
+
     def __init__(self) -> None:
-        self.calls: List[_CallState] = []
+        self.latent_hw: Optional[Tuple[int, int]] = None
+        self.t_key: Any = 0
+        self.finest_level: Optional[int] = None  # level of the call's first attention block
         self.merges: Dict[int, Optional[TokenMerge]] = {}
 
 
-def _timestep_key(value: Any) -> Optional[int]:
-    """A 64-bit key from a timestep's values (tensor or number), the same on torch and paddle."""
-    try:
-        values = [float(v) for v in (value.flatten().tolist() if hasattr(value, "flatten") else [value])]
-    except (TypeError, ValueError):
-        return None
-    digest = hashlib.blake2b(struct.pack(f"<{len(values)}d", *values), digest_size=8).digest()
-    return int.from_bytes(digest, "little")
+class _ThreadCalls(threading.local):
+    def __init__(self) -> None:
+        self.stack: List[_Call] = []
 
 
-def _first_input(args: tuple, kwargs: dict, names: Tuple[str, ...]) -> Tuple[Any, Optional[str]]:
-    """The module's main input and, if it came by keyword, its keyword."""
-    if args:
-        return args[0], None
-    for name in names:
-        if name in kwargs:
-            return kwargs[name], name
-    raise TypeError(f"ToMe hook found no positional input and none of {names} among {sorted(kwargs)}")
+def remove_owned_hooks(ops: Any, module: Any, owner: Any) -> None:
+    """Remove from `module` every forward hook that is a method of `owner` (with its flags)."""
+    for table_name, flag_names in ops.hook_tables:
+        table = getattr(module, table_name, None) or {}
+        for hook_id, hook in list(table.items()):
+            if getattr(getattr(hook, "func", hook), "__self__", None) is owner:
+                del table[hook_id]
+                for flag_name in flag_names:
+                    getattr(module, flag_name, {}).pop(hook_id, None)
 
 
 class ToMePatch:
@@ -76,11 +113,28 @@ class ToMePatch:
     def __init__(self, root: Any, args: ToMeArgs, ops: Any):
         self.root, self.args, self.ops = root, args, ops
         self.blocks = transformer_blocks(ops, root)
-        self._handles: List[Any] = []
-        self._state = _ThreadState()
-        self._counter = itertools.count()
-        self._seed = args.seed
-        self._seed_lock = threading.Lock()
+        self._latent_spec = InputSpec.find(root, _LATENT, first_positional=True)
+        self._timestep_spec = InputSpec.find(root, _TIMESTEP, first_positional=False)
+        # (block index, sub-layer name or "") -> where that module's token input arrives
+        self._specs: Dict[Tuple[int, str], InputSpec] = {}
+        self._hooked: List[Any] = []
+        self._init_runtime()
+
+    def _init_runtime(self) -> None:
+        self._threads = _ThreadCalls()
+        self._traced: List[_Call] = []  # the call stack while a graph compiler traces
+        self._replay: Dict[int, TokenMerge] = {}  # block index -> its latest merge, gradients on
+
+    # ---- copies: runtime state is per object and never copied ----
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        for name in ("_threads", "_traced", "_replay"):
+            state.pop(name)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._init_runtime()
 
     # ---- lifecycle ----
     def validate(self) -> None:
@@ -92,112 +146,114 @@ class ToMePatch:
 
     def install(self) -> None:
         ops = self.ops
-        self._handles.append(ops.add_pre_hook(self.root, self._enter_root))
-        self._handles.append(ops.add_post_hook(self.root, self._exit_root, always_call=True))
-        for block in self.blocks:
-            self._handles.append(ops.add_pre_hook(block, self._make_block_hook(block)))
+        self._hook(self.root, ops.add_pre_hook, self._enter_root)
+        self._hook(self.root, functools.partial(ops.add_post_hook, always_call=True), self._exit_root)
+        for index, block in enumerate(self.blocks):
+            self._specs[(index, "")] = InputSpec.find(block, _TOKENS, first_positional=True)
+            self._hook(block, ops.add_pre_hook, functools.partial(self._enter_block, index))
             for name, flag in SUBLAYERS:
                 sub = getattr(block, name, None)
                 if sub is None or not getattr(self.args, flag):
                     continue
-                key = id(block)
-                self._handles.append(ops.add_pre_hook(sub, self._make_merge_hook(key, check_mask=name == "attn1")))
-                self._handles.append(ops.add_post_hook(sub, self._make_unmerge_hook(key)))
+                self._specs[(index, name)] = InputSpec.find(sub, _TOKENS, first_positional=True)
+                self._hook(sub, ops.add_pre_hook, functools.partial(self._merge_input, index, name))
+                self._hook(sub, ops.add_post_hook, functools.partial(self._unmerge_output, index))
         setattr(self.root, PATCH_ATTR, self)
 
+    def _hook(self, module: Any, register: Any, hook: Any) -> None:
+        register(module, hook)
+        if not any(m is module for m in self._hooked):
+            self._hooked.append(module)
+
     def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        for module in self._hooked:
+            remove_owned_hooks(self.ops, module, self)
+        self._hooked.clear()
+        self._specs.clear()
+        self._replay.clear()
         if self.root.__dict__.get(PATCH_ATTR) is self:
             delattr(self.root, PATCH_ATTR)
 
+    # ---- the call stack ----
+    def _stack(self) -> List[_Call]:
+        return self._traced if self.ops.is_compiling() else self._threads.stack
+
+    def _current_merge(self, index: int) -> Optional[TokenMerge]:
+        stack = self._stack()
+        if stack:
+            return stack[-1].merges.get(index)
+        # A block running after its root's call: a checkpointed block recomputed in backward.
+        return self._replay.get(index) if self.ops.grad_enabled() else None
+
     # ---- hooks ----
     def _enter_root(self, module: Any, args: tuple, kwargs: dict) -> None:
-        latent, _ = _first_input(args, kwargs, _LATENT_KWARGS)
-        shape = self.ops.shape(latent)
-        timestep = args[1] if len(args) > 1 else next((kwargs[k] for k in _TIMESTEP_KWARGS if k in kwargs), None)
+        ops, call = self.ops, _Call()
         # Pushed before any error: the always-called exit hook pops it even when this hook raises.
-        self._state.calls.append(_CallState((shape[-2], shape[-1]), timestep))
+        self._stack().append(call)
+        latent = self._latent_spec.get(args, kwargs)
+        if latent is None:
+            raise TypeError(f"ToMe found no '{self._latent_spec.name}' input in this call of {type(module).__name__}")
+        shape = ops.shape(latent)
         if len(shape) != 4:
             raise ValueError(
-                f"ToMe needs {type(module).__name__}'s first input to be a latent [B, C, H, W], got shape {list(shape)}"
+                f"ToMe needs {type(module).__name__}'s '{self._latent_spec.name}' input to be a latent "
+                f"[B, C, H, W], got shape {list(shape)}"
             )
+        call.latent_hw = (shape[-2], shape[-1])
+        if self.args.use_rand and self._timestep_spec is not None:
+            call.t_key = rng.timestep_key(ops, self._timestep_spec.get(args, kwargs))
+        if self._replay and not ops.grad_enabled() and not ops.is_compiling():
+            self._replay.clear()  # inference after training: nothing left to recompute
 
     def _exit_root(self, module: Any, args: tuple, output: Any) -> None:
-        state = self._state
-        if state.calls:
-            state.calls.pop()
-        if not state.calls:
-            state.merges.clear()  # drop the last call's index maps
+        stack = self._stack()
+        if stack:
+            stack.pop()
 
-    def _make_block_hook(self, block: Any):
-        key = id(block)
+    def _enter_block(self, index: int, module: Any, args: tuple, kwargs: dict) -> None:
+        stack = self._stack()
+        if not stack:
+            return  # replayed by checkpointing: the sub-layers use the replay record
+        x = self._specs[(index, "")].get(args, kwargs)
+        merge = self._plan_merge(index, module, x, stack[-1])
+        stack[-1].merges[index] = merge
+        if merge is not None and self.ops.grad_enabled() and not self.ops.is_compiling():
+            self._replay[index] = merge
 
-        def hook(module: Any, args: tuple, kwargs: dict) -> None:
-            x, _ = _first_input(args, kwargs, _TOKENS_KWARGS)
-            self._state.merges[key] = self._plan_merge(module, x)
-
-        return hook
-
-    def _plan_merge(self, block: Any, x: Any) -> Optional[TokenMerge]:
-        if not self._state.calls:
-            return None  # the block runs outside a call of its root: leave it alone
-        call = self._state.calls[-1]
-        batch, num_tokens = self.ops.shape(x)[:2]
+    def _plan_merge(self, index: int, block: Any, x: Any, call: _Call) -> Optional[TokenMerge]:
+        ops, args = self.ops, self.args
+        batch, num_tokens = ops.shape(x)[:2]
         if call.finest_level is None:
-            call.finest_level = downsample_level(call.latent_hw, num_tokens)
-        plan = plan_block(self.args, call.latent_hw, batch, num_tokens, call.finest_level)
+            grid = block_grid(call.latent_hw, num_tokens)
+            call.finest_level = None if grid is None else grid[0]
+        if call.finest_level is None:
+            return None
+        plan = plan_block(args, call.latent_hw, batch, num_tokens, call.finest_level)
         if plan is None:
             return None
-        if self.args.merge_mlp and getattr(block, "_chunk_size", None) is not None:
+        if args.merge_mlp and getattr(block, "_chunk_size", None) is not None:
             raise ValueError(_CHUNKED_FF)
-        counter = self._draw_counter(call) if plan.use_rand else 0
-        return compute_merge(
-            self.ops, x, plan.w, plan.h, self.args.sx, self.args.sy, plan.r,
-            not plan.use_rand, self._draw_seed() if plan.use_rand else 0, counter,
-        )
+        offsets = None
+        if plan.use_rand:
+            key = rng.block_key(ops, args.rand_seed, index, call.t_key)
+            offsets = random_offsets(ops, x, plan.w, plan.h, args.sx, args.sy, key)
+        return compute_merge(ops, x, plan.w, plan.h, args.sx, args.sy, plan.r, offsets)
 
-    def _draw_counter(self, call: _CallState) -> int:
-        """Which random draw a block gets: a function of the call's timestep and the block's order
-        in the call, so a run is reproducible and concurrent calls cannot shift each other's draws.
-        Calls without a timestep take the next draws of this patch's stream, as tomesd does."""
-        if call.rand_key is None:
-            key = _timestep_key(call.timestep) if call.timestep is not None else None
-            call.rand_key = key if key is not None else next(self._counter) * _GOLDEN
-        call.draws += 1
-        return (call.rand_key ^ (call.draws * _GOLDEN)) & ((1 << 64) - 1)
+    def _merge_input(self, index: int, name: str, module: Any, args: tuple, kwargs: dict):
+        merge = self._current_merge(index)
+        if merge is None:
+            return None
+        if name == "attn1" and kwargs.get("attention_mask") is not None:
+            raise ValueError(
+                "ToMe cannot merge self-attention that is given an attention_mask (the mask addresses "
+                "unmerged tokens); call apply_patch with merge_attn=False"
+            )
+        spec = self._specs[(index, name)]
+        return spec.replace(args, kwargs, merge.merge(spec.get(args, kwargs)))
 
-    def _draw_seed(self) -> int:
-        if self._seed is None:
-            with self._seed_lock:
-                if self._seed is None:  # as tomesd: fork the global RNG at first use, never advance it
-                    self._seed = self.ops.global_seed()
-        return self._seed
-
-    def _make_merge_hook(self, key: int, check_mask: bool):
-        def hook(module: Any, args: tuple, kwargs: dict):
-            merge = self._state.merges.get(key)
-            if merge is None:
-                return None
-            if check_mask and kwargs.get("attention_mask") is not None:
-                raise ValueError(
-                    "ToMe cannot merge self-attention that is given an attention_mask "
-                    "(the mask addresses unmerged tokens); call apply_patch with merge_attn=False"
-                )
-            x, name = _first_input(args, kwargs, _TOKENS_KWARGS)
-            if name is None:
-                return (merge.merge(x),) + tuple(args[1:]), kwargs
-            return args, {**kwargs, name: merge.merge(x)}
-
-        return hook
-
-    def _make_unmerge_hook(self, key: int):
-        def hook(module: Any, args: tuple, output: Any):
-            merge = self._state.merges.get(key)
-            return None if merge is None else merge.unmerge(output)
-
-        return hook
+    def _unmerge_output(self, index: int, module: Any, args: tuple, output: Any) -> Any:
+        merge = self._current_merge(index)
+        return None if merge is None else merge.unmerge(output)
 
 
 _CHUNKED_FF = (

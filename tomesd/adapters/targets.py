@@ -16,6 +16,16 @@ _NOT_DENOISERS = (
     "feature_extractor", "scheduler", "image_processor",
 )
 
+# Denoisers whose input is not one image latent [B, C, H, W]: their blocks hold tokens of frames or
+# embeddings, which ToMe's 2-D grid does not describe.
+_UNSUPPORTED_ROOTS = {
+    "UNet3DConditionModel": "a video UNet (its latent is [B, C, frames, H, W])",
+    "UNetMotionModel": "a video UNet (AnimateDiff; its blocks see frames as batch and as sequence)",
+    "UNetSpatioTemporalConditionModel": "a video UNet (Stable Video Diffusion)",
+    "I2VGenXLUNet": "a video UNet",
+    "PriorTransformer": "a prior over embeddings, not over an image latent",
+}
+
 _SUPPORTED = (
     "a diffusers/ppdiffusers pipeline, a UNet2DConditionModel or ControlNetModel (torch or paddle), "
     "or an LDM / Stable Diffusion model with .model.diffusion_model"
@@ -28,6 +38,8 @@ def _expand(component: Any) -> List[Any]:
         return [model for item in component for model in _expand(item)]
     if framework_of(component) is None:
         return []
+    if "OptimizedModule" in class_names(component):  # torch.compile's wrapper: patch what it runs
+        return _expand(component._orig_mod)
     nets = getattr(component, "nets", None)  # MultiControlNetModel
     if "MultiControlNetModel" in class_names(component) and nets is not None:
         return [model for net in nets for model in _expand(net)]
@@ -58,6 +70,11 @@ def plan_patches(obj: Any, args: Any) -> List[ToMePatch]:
     frameworks = {framework_of(model) for model in models}
     if len(frameworks) > 1:
         raise TypeError(f"{type(obj).__name__} mixes torch and paddle models; patch them one at a time")
+    for model in models:
+        unsupported = _UNSUPPORTED_ROOTS.keys() & class_names(model)
+        if unsupported:
+            name = unsupported.pop()
+            raise TypeError(f"ToMe cannot patch {name}: it is {_UNSUPPORTED_ROOTS[name]}; expected {_SUPPORTED}")
     patches = []
     for model in models:
         ops = module_ops(framework_of(model))

@@ -3,8 +3,18 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Sequence, Tuple
 
+import inspect
+
 import paddle
 
+# Layer hooks with keyword arguments and always-called post-hooks arrived in paddle 3.2
+# (PaddlePaddle/Paddle#71283, #74611); the adapters need both.
+MIN_PADDLE = "3.2"
+if "always_call" not in inspect.signature(paddle.nn.Layer.register_forward_post_hook).parameters:
+    raise ImportError(
+        f"ToMe needs paddlepaddle>={MIN_PADDLE} (layer hooks with with_kwargs/always_call); "
+        f"found paddlepaddle {paddle.__version__}: pip install 'paddlepaddle>={MIN_PADDLE}'"
+    )
 # CPU kernels for these scatters exist for float16/32/64 but not bfloat16.
 _SCATTER_UPCAST = {paddle.bfloat16}
 
@@ -16,8 +26,14 @@ def _on(x: paddle.Tensor, like: paddle.Tensor) -> paddle.Tensor:
 
 class PaddleBackend:
     name = "paddle"
-    tensor_type = paddle.Tensor
-    module_type = paddle.nn.Layer
+    # Where a layer keeps its forward hooks, and the flag tables keyed by the same hook ids.
+    hook_tables = (
+        ("_forward_pre_hooks", ("_forward_pre_hooks_with_kwargs_flag",)),
+        ("_forward_post_hooks", ("_forward_post_hooks_with_kwargs_flag", "_forward_post_hooks_always_called")),
+    )
+
+    def __reduce__(self) -> str:
+        return "backend"  # copies and pickles of patched models share the module's one instance
 
     # ---- array ops (tome_core.backend.Backend) ----
     def no_grad(self):
@@ -25,9 +41,6 @@ class PaddleBackend:
 
     def shape(self, x: paddle.Tensor) -> Tuple[int, ...]:
         return tuple(x.shape)
-
-    def device_key(self, x: paddle.Tensor) -> str:
-        return str(x.place)
 
     def arange(self, n: int, like: paddle.Tensor) -> paddle.Tensor:
         return _on(paddle.arange(n, dtype="int64"), like)
@@ -47,14 +60,20 @@ class PaddleBackend:
     def take(self, x: paddle.Tensor, indices: paddle.Tensor, axis: int) -> paddle.Tensor:
         return paddle.index_select(x, indices, axis=axis)
 
-    def take_along_axis(self, x: paddle.Tensor, indices: paddle.Tensor, axis: int) -> paddle.Tensor:
-        return paddle.take_along_axis(x, indices, axis=axis)
-
     def scatter_add(self, target: paddle.Tensor, indices: paddle.Tensor, src: paddle.Tensor) -> paddle.Tensor:
         if target.dtype in _SCATTER_UPCAST:
             out = paddle.index_add(target.astype("float32"), indices, 0, src.astype("float32"))
             return out.astype(target.dtype)
         return paddle.index_add(target, indices, 0, src)
+
+    def scatter_reduce(self, target: paddle.Tensor, indices: paddle.Tensor, src: paddle.Tensor, mode: str) -> paddle.Tensor:
+        dtype = target.dtype
+        if dtype in _SCATTER_UPCAST:
+            target, src = target.astype("float32"), src.astype("float32")
+        index = paddle.expand(indices.reshape([-1, 1]), src.shape)
+        reduce = {"amax": "amax", "amin": "amin", "prod": "mul"}[mode]
+        out = paddle.put_along_axis(target, index, src, 0, reduce=reduce, include_self=False)
+        return out.astype(dtype)
 
     def argsort(self, x: paddle.Tensor, axis: int, descending: bool) -> paddle.Tensor:
         return paddle.argsort(x, axis=axis, descending=descending, stable=True)
@@ -78,20 +97,30 @@ class PaddleBackend:
     def bitwise_xor(self, a: paddle.Tensor, b: paddle.Tensor) -> paddle.Tensor:
         return paddle.bitwise_xor(a, b)
 
+    def floor(self, x: paddle.Tensor) -> paddle.Tensor:
+        return paddle.floor(x)
+
+    def to_int64(self, x: paddle.Tensor) -> paddle.Tensor:
+        return x.astype("int64")
+
     def astype_like(self, x: paddle.Tensor, like: paddle.Tensor) -> paddle.Tensor:
         return x.astype(like.dtype)
 
     def to_float32(self, x: paddle.Tensor) -> paddle.Tensor:
         return x.astype("float32")
 
-    def global_seed(self) -> int:
-        # The seed of the global generator, read without drawing from it: paddle.seed(k) before a
-        # run makes the draws reproducible.
-        return int(paddle.get_rng_state()[0].current_seed())
+    def randint_from(self, generator: Any, high: int, shape: Sequence[int], like: paddle.Tensor) -> paddle.Tensor:
+        raise TypeError(
+            "paddle draws cannot come from a generator object (paddle.randint takes none, and neither does "
+            "ppdiffusers' bipartite_soft_matching_random2d): pass seed=<int> for a reproducible random dst"
+        )
 
     # ---- module ops (tomesd.adapters) ----
-    def is_module(self, obj: Any) -> bool:
-        return isinstance(obj, paddle.nn.Layer)
+    def is_compiling(self) -> bool:
+        return not paddle.in_dynamic_mode()
+
+    def grad_enabled(self) -> bool:
+        return paddle.is_grad_enabled()
 
     def named_modules(self, module: paddle.nn.Layer) -> Iterator[Tuple[str, paddle.nn.Layer]]:
         return module.named_sublayers(include_self=True)
@@ -101,10 +130,6 @@ class PaddleBackend:
 
     def add_post_hook(self, module: paddle.nn.Layer, hook: Callable, always_call: bool = False) -> Any:
         return module.register_forward_post_hook(hook, always_call=always_call)
-
-    def hook_tables(self, module: paddle.nn.Layer) -> Tuple[dict, ...]:
-        """Where this layer keeps its hooks (for checks that a removal left nothing behind)."""
-        return (module._forward_pre_hooks, module._forward_post_hooks)
 
 
 backend = PaddleBackend()

@@ -1,7 +1,6 @@
 """PyTorch backend."""
 from __future__ import annotations
 
-import hashlib
 from typing import Any, Callable, Iterator, Sequence, Tuple
 
 import torch
@@ -9,8 +8,14 @@ import torch
 
 class TorchBackend:
     name = "torch"
-    tensor_type = torch.Tensor
-    module_type = torch.nn.Module
+    # Where a module keeps its forward hooks, and the flag tables keyed by the same hook ids.
+    hook_tables = (
+        ("_forward_pre_hooks", ("_forward_pre_hooks_with_kwargs",)),
+        ("_forward_hooks", ("_forward_hooks_with_kwargs", "_forward_hooks_always_called")),
+    )
+
+    def __reduce__(self) -> str:
+        return "backend"  # copies and pickles of patched models share the module's one instance
 
     # ---- array ops (tome_core.backend.Backend) ----
     def no_grad(self):
@@ -18,9 +23,6 @@ class TorchBackend:
 
     def shape(self, x: torch.Tensor) -> Tuple[int, ...]:
         return tuple(x.shape)
-
-    def device_key(self, x: torch.Tensor) -> str:
-        return str(x.device)
 
     def arange(self, n: int, like: torch.Tensor) -> torch.Tensor:
         return torch.arange(n, device=like.device, dtype=torch.int64)
@@ -40,11 +42,11 @@ class TorchBackend:
     def take(self, x: torch.Tensor, indices: torch.Tensor, axis: int) -> torch.Tensor:
         return torch.index_select(x, axis, indices)
 
-    def take_along_axis(self, x: torch.Tensor, indices: torch.Tensor, axis: int) -> torch.Tensor:
-        return torch.take_along_dim(x, indices, dim=axis)
-
     def scatter_add(self, target: torch.Tensor, indices: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
         return target.index_add(0, indices, src)
+
+    def scatter_reduce(self, target: torch.Tensor, indices: torch.Tensor, src: torch.Tensor, mode: str) -> torch.Tensor:
+        return target.index_reduce(0, indices, src, mode, include_self=False)
 
     def argsort(self, x: torch.Tensor, axis: int, descending: bool) -> torch.Tensor:
         return torch.sort(x, dim=axis, descending=descending, stable=True).indices
@@ -68,21 +70,29 @@ class TorchBackend:
     def bitwise_xor(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.bitwise_xor(a, b)
 
+    def floor(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.floor(x)
+
+    def to_int64(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(torch.int64)
+
     def astype_like(self, x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         return x.to(device=like.device, dtype=like.dtype)
 
     def to_float32(self, x: torch.Tensor) -> torch.Tensor:
         return x.to(torch.float32)
 
-    def global_seed(self) -> int:
-        # Hash of the CPU generator's state: reading it leaves the sampler's noise untouched,
-        # and torch.manual_seed(k) before a run makes the draws reproducible (as tomesd's fork did).
-        digest = hashlib.blake2b(torch.get_rng_state().numpy().tobytes(), digest_size=8).digest()
-        return int.from_bytes(digest, "little")
+    def randint_from(self, generator: torch.Generator, high: int, shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
+        # tomesd's draw, so a generator in the same state gives tomesd's pattern.
+        draws = torch.randint(high, size=(*shape, 1), device=generator.device, generator=generator)
+        return draws.reshape(-1).to(like.device)
 
     # ---- module ops (tomesd.adapters) ----
-    def is_module(self, obj: Any) -> bool:
-        return isinstance(obj, torch.nn.Module)
+    def is_compiling(self) -> bool:
+        return torch.compiler.is_compiling()
+
+    def grad_enabled(self) -> bool:
+        return torch.is_grad_enabled()
 
     def named_modules(self, module: torch.nn.Module) -> Iterator[Tuple[str, torch.nn.Module]]:
         return module.named_modules()
@@ -92,10 +102,6 @@ class TorchBackend:
 
     def add_post_hook(self, module: torch.nn.Module, hook: Callable, always_call: bool = False) -> Any:
         return module.register_forward_hook(hook, always_call=always_call)
-
-    def hook_tables(self, module: torch.nn.Module) -> Tuple[dict, ...]:
-        """Where this module keeps its hooks (for checks that a removal left nothing behind)."""
-        return (module._forward_pre_hooks, module._forward_hooks)
 
 
 backend = TorchBackend()
