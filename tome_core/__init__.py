@@ -2,7 +2,7 @@
 from .backend import Backend, get_backend, register_backend
 from . import rng
 from .matching import (
-    MERGE_MODES, TokenMerge, bipartite_soft_matching_random2d, compute_merge, do_nothing, grid_partition, random_offsets,
+    MERGE_MODES, TokenMerge, bipartite_soft_matching_random2d, compute_merge, do_nothing, grid_partition, num_cells,
 )
 from .rng import DEFAULT_SEED
 from .schedule import BlockPlan, ToMeArgs, block_grid, downsample_level, plan_block
@@ -21,8 +21,8 @@ __all__ = [
     "downsample_level",
     "get_backend",
     "grid_partition",
+    "num_cells",
     "plan_block",
-    "random_offsets",
     "register_backend",
     "rng",
 ]

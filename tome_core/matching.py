@@ -22,34 +22,32 @@ def do_nothing(x: Any, mode: Optional[str] = None) -> Any:
 
 def grid_partition(
     xp: Backend, like: Any, w: int, h: int, sx: int, sy: int, offsets: Optional[Any]
-) -> Tuple[Any, Any, Any]:
+) -> Tuple[Any, Any]:
     """Split the h*w tokens into src and dst: one dst per sy-by-sx cell, at `offsets` in the cell.
 
     `offsets` holds one int in [0, sx*sy) per cell, row-major (None: the top-left token).
     Cells are laid over the top-left (h//sy*sy, w//sx*sx) region; tokens outside it are src, as
-    in tomesd. Returns (src_idx, dst_idx, position) with src and dst token ids in ascending order
-    and `position[t]` the place of token t in concat(src_idx, dst_idx).
+    in tomesd. Returns (order, position): `order` holds the src token ids, then the dst ones, each
+    ascending; `position[t]` is the place of token t in `order`.
     """
     hsy, wsx = h // sy, w // sx
     n, num_dst = h * w, hsy * wsx
-    cell = xp.arange(num_dst, like)
-    dst_tokens = (cell // wsx) * (sy * w) + (cell % wsx) * sx
-    if offsets is not None:
-        dst_tokens = dst_tokens + (offsets // sx) * w + offsets % sx
-    is_dst = xp.scatter_add(xp.zeros([n], like, integer=True), dst_tokens, xp.ones([num_dst], like, integer=True))
-    num_src = n - num_dst
-    position = xp.where(is_dst > 0, num_src + xp.cumsum(is_dst, 0) - 1, xp.cumsum(1 - is_dst, 0) - 1)
-    order = xp.scatter_add(xp.zeros([n], like, integer=True), position, xp.arange(n, like))
-    return order[:num_src], order[num_src:], position
-
-
-def _inverse_permutation(xp: Backend, perm: Any) -> Any:
-    """Row-wise inverse of a [B, n] batch of permutations (one pass, no sort)."""
-    b, n = xp.shape(perm)
-    base = xp.reshape(xp.arange(b, perm) * n, [b, 1])
-    flat = xp.reshape(perm + base, [b * n])
-    values = xp.reshape(xp.zeros([b, n], perm, integer=True) + xp.reshape(xp.arange(n, perm), [1, n]), [b * n])
-    return xp.reshape(xp.scatter_add(xp.zeros([b * n], perm, integer=True), flat, values), [b, n])
+    if offsets is None:
+        offsets = xp.zeros([num_dst], like, integer=True)
+    # The dst place of each cell, compared with every in-cell place laid out as (dy, dx): a 0/1
+    # grid [hsy, sy, wsx, sx] in token order, built by a handful of kernels where per-token index
+    # arithmetic would take a dozen.
+    places = xp.reshape(xp.arange(sx * sy, like), [1, sy, 1, sx])
+    is_dst = xp.equal(xp.reshape(offsets, [hsy, 1, wsx, 1]), places)
+    if hsy * sy < h or wsx * sx < w:
+        is_dst = xp.to_int64(xp.reshape(is_dst, [hsy * sy, wsx * sx]))
+        if hsy * sy < h:
+            is_dst = xp.concat([is_dst, xp.zeros([h - hsy * sy, wsx * sx], like, integer=True)], 0)
+        if wsx * sx < w:
+            is_dst = xp.concat([is_dst, xp.zeros([h, w - wsx * sx], like, integer=True)], 1)
+    order = xp.argsort(xp.reshape(is_dst, [n]), 0, False)  # stable: src then dst, each ascending
+    position = xp.argsort(order, 0, False)  # the inverse permutation
+    return order, position
 
 
 class TokenMerge:
@@ -91,9 +89,8 @@ class TokenMerge:
         return xp.reshape(xp.take(xp.reshape(x, [b * m, c]), self._flat_rows, 0), [b, self.num_tokens, c])
 
 
-def random_offsets(xp: Backend, like: Any, w: int, h: int, sx: int, sy: int, key: rng.Key) -> Any:
-    """The random dst place in each sy-by-sx cell, row-major, drawn from `key` (see tome_core.rng)."""
-    return rng.randint(xp, like, (h // sy) * (w // sx), sx * sy, key)
+def num_cells(w: int, h: int, sx: int, sy: int) -> int:
+    return (h // sy) * (w // sx)
 
 
 def compute_merge(
@@ -108,7 +105,7 @@ def compute_merge(
 ) -> Optional[TokenMerge]:
     """Match tokens of `metric` [B, N, C] and return the merge, or None when nothing merges.
 
-    `offsets`: the dst place in each cell (`random_offsets`); None puts dst at each cell's top-left.
+    `offsets`: the dst place in each cell (from `rng.randint`); None puts dst at each cell's top-left.
     """
     b, n, _ = xp.shape(metric)
     if r <= 0:
@@ -118,26 +115,25 @@ def compute_merge(
     if h // sy == 0 or w // sx == 0:
         return None  # grid smaller than one cell: no dst token exists
     with xp.no_grad():
-        src_idx, dst_idx, position = grid_partition(xp, metric, w, h, sx, sy, offsets)
-        num_dst = xp.shape(dst_idx)[0]
+        order, position = grid_partition(xp, metric, w, h, sx, sy, offsets)
+        num_dst = num_cells(w, h, sx, sy)
         num_src = n - num_dst
         r = min(r, num_src)
 
-        unit = xp.l2_normalize(metric, -1)
-        scores = xp.matmul_transposed(xp.take(unit, src_idx, 1), xp.take(unit, dst_idx, 1))
+        unit = xp.take(xp.l2_normalize(metric, -1), order, 1)  # src tokens, then dst tokens
+        scores = xp.matmul_transposed(unit[:, :num_src], unit[:, num_src:])
         node_max, node_idx = xp.max_with_indices(scores, -1)  # best dst for each src
         edge_order = xp.argsort(node_max, -1, True)  # src positions, most similar first
-        rank = _inverse_permutation(xp, edge_order)
+        rank = xp.argsort(edge_order, -1, False)  # each src's place in that order
 
         num_unm = num_src - r
         src_rows = xp.where(rank < r, node_idx + num_unm, rank - r)
-        dst_rows = xp.zeros([b, num_dst], metric, integer=True) + xp.reshape(xp.arange(num_dst, metric) + num_unm, [1, num_dst])
+        dst_rows = xp.broadcast_to(xp.reshape(xp.arange(num_dst, metric) + num_unm, [1, num_dst]), [b, num_dst])
         rows = xp.take(xp.concat([src_rows, dst_rows], 1), position, 1)  # [B, N]
 
         m = n - r
-        flat_rows = xp.reshape(rows + xp.reshape(xp.arange(b, metric) * m, [b, 1]), [b * n])
-        counts = xp.scatter_add(xp.zeros([b * m], metric, integer=True), flat_rows, xp.ones([b * n], metric, integer=True))
-        inv_counts = xp.reshape(1.0 / xp.to_float32(counts), [b, m, 1])
+        flat_rows = xp.reshape(rows + xp.reshape(xp.arange(b * m, metric, step=m), [b, 1]), [b * n])
+        inv_counts = xp.reshape(1.0 / xp.counts(flat_rows, b * m), [b, m, 1])
     return TokenMerge(xp, flat_rows, inv_counts, b, n, m)
 
 
@@ -169,8 +165,8 @@ def bipartite_soft_matching_random2d(
         if generator is not None:
             offsets = xp.randint_from(generator, sx * sy, (h // sy, w // sx), metric)
         else:
-            key = rng.block_key(xp, rng.DEFAULT_SEED if seed is None else seed, 0, 0)
-            offsets = random_offsets(xp, metric, w, h, sx, sy, key)
+            key = rng.call_key(xp, rng.DEFAULT_SEED if seed is None else seed, None)
+            offsets = rng.randint(xp, metric, [num_cells(w, h, sx, sy)], sx * sy, key)
     result = compute_merge(xp, metric, w, h, sx, sy, r, offsets)
     if result is None:
         return do_nothing, do_nothing

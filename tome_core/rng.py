@@ -8,14 +8,15 @@ on both.
 """
 from __future__ import annotations
 
+import math
 import struct
-from typing import Any, Union
+from typing import Any, Sequence, Union
 
 from .backend import Backend
 
 DEFAULT_SEED = 0
 _PRIME = 2_147_483_647  # 2**31 - 1
-_ROUNDS = ((48_271, 12_345), (69_621, 67_891), (40_692, 24_680))
+_MULTIPLIERS = (16_807, 48_271, 69_621)  # Lehmer multipliers modulo _PRIME
 _MASK64 = (1 << 64) - 1
 # Timesteps are keyed at 1/1024 resolution: exact for float32 values below 2**13.
 _TIMESTEP_SCALE = 1024
@@ -31,7 +32,7 @@ def _splitmix64(z: int) -> int:
 
 
 def stream_key(seed: int, counter: int) -> int:
-    """Mix a seed and a counter (here: a block's index) into one key in [0, 2**31 - 1)."""
+    """Mix a seed and a counter into one key in [0, 2**31 - 1)."""
     return _splitmix64(_splitmix64(seed & _MASK64) ^ (counter & _MASK64)) % _PRIME
 
 
@@ -50,19 +51,23 @@ def timestep_key(xp: Backend, timestep: Any) -> Key:
     if isinstance(timestep, (int, float)):
         t32 = struct.unpack("<f", struct.pack("<f", float(timestep)))[0]
         return int((t32 * _TIMESTEP_SCALE + 0.5) // 1) % _PRIME
-    first = xp.reshape(timestep, [-1])[:1]
+    shape = xp.shape(timestep)
+    first = xp.reshape(timestep, [1]) if len(shape) == 0 else xp.reshape(timestep, [-1])[:1]
     return xp.to_int64(xp.floor(xp.to_float32(first) * _TIMESTEP_SCALE + 0.5)) % _PRIME
 
 
-def block_key(xp: Backend, seed: int, block: int, t_key: Key) -> Key:
-    """The key of one block's draw at one timestep: a Python int, or a [1] int64 tensor."""
-    key = (stream_key(seed, block) + t_key * _ROUNDS[1][0]) % _PRIME
-    return _xor_shift(xp, (key * _ROUNDS[0][0] + _ROUNDS[0][1]) % _PRIME)
+def call_key(xp: Backend, seed: int, timestep: Any) -> Key:
+    """The key of one call's draws: a Python int, or a [1] int64 tensor on the timestep's device."""
+    return (timestep_key(xp, timestep) * _MULTIPLIERS[2] + stream_key(seed, 0)) % _PRIME
 
 
-def randint(xp: Backend, like: Any, n: int, high: int, key: Key) -> Any:
-    """n integers in [0, high), int64, on the device of `like`."""
-    x = (xp.arange(n, like) * 16_807 + key) % _PRIME
-    for mul, add in _ROUNDS:
-        x = _xor_shift(xp, (x * mul + add) % _PRIME)
-    return x % high
+def randint(xp: Backend, like: Any, shape: Sequence[int], high: int, key: Key) -> Any:
+    """Integers in [0, high) of `shape`, int64, on the device of `like`.
+
+    Element i (row-major) is a hash of (key, i): a patch draws one [blocks, cells] table per
+    call and level, and block b takes row b, so each block's pattern is a function of
+    (seed, timestep, block) at the cost of one draw per call.
+    """
+    x = (xp.arange(math.prod(shape), like) * _MULTIPLIERS[0] + key) % _PRIME
+    x = _xor_shift(xp, (x * _MULTIPLIERS[1]) % _PRIME)
+    return xp.reshape(x % high, list(shape))

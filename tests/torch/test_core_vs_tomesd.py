@@ -106,7 +106,7 @@ def test_random_offsets_cover_every_cell_position():
     from tome_core.backend import get_backend
 
     like = torch.zeros(1)
-    draws = randint(get_backend(like), like, 4096, 4, key=12345)
+    draws = randint(get_backend(like), like, [4096], 4, key=12345)
     counts = torch.bincount(draws, minlength=4)
     assert counts.min() > 900 and counts.max() < 1150  # about 1024 each
 

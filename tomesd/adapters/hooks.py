@@ -23,7 +23,7 @@ import inspect
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from tome_core import ToMeArgs, TokenMerge, block_grid, compute_merge, plan_block, random_offsets, rng
+from tome_core import ToMeArgs, TokenMerge, block_grid, compute_merge, num_cells, plan_block, rng
 
 from .frameworks import class_names
 
@@ -82,11 +82,13 @@ class InputSpec:
 class _Call:
     """What one call of a root computes; dropped when the call returns."""
 
-    __slots__ = ("latent_hw", "t_key", "finest_level", "merges")
+    __slots__ = ("latent_hw", "timestep", "key", "draws", "finest_level", "merges")
 
     def __init__(self) -> None:
         self.latent_hw: Optional[Tuple[int, int]] = None
-        self.t_key: Any = 0
+        self.timestep: Any = None
+        self.key: Any = None  # computed at the call's first random draw, inside the forward
+        self.draws: Dict[int, Any] = {}  # cells per block -> [blocks, cells] dst places
         self.finest_level: Optional[int] = None  # level of the call's first attention block
         self.merges: Dict[int, Optional[TokenMerge]] = {}
 
@@ -200,8 +202,8 @@ class ToMePatch:
                 f"[B, C, H, W], got shape {list(shape)}"
             )
         call.latent_hw = (shape[-2], shape[-1])
-        if self.args.use_rand and self._timestep_spec is not None:
-            call.t_key = rng.timestep_key(ops, self._timestep_spec.get(args, kwargs))
+        if self._timestep_spec is not None:
+            call.timestep = self._timestep_spec.get(args, kwargs)
         if self._replay and not ops.grad_enabled() and not ops.is_compiling():
             self._replay.clear()  # inference after training: nothing left to recompute
 
@@ -235,8 +237,14 @@ class ToMePatch:
             raise ValueError(_CHUNKED_FF)
         offsets = None
         if plan.use_rand:
-            key = rng.block_key(ops, args.rand_seed, index, call.t_key)
-            offsets = random_offsets(ops, x, plan.w, plan.h, args.sx, args.sy, key)
+            cells = num_cells(plan.w, plan.h, args.sx, args.sy)
+            table = call.draws.get(cells)
+            if table is None:
+                if call.key is None:
+                    call.key = rng.call_key(ops, args.rand_seed, call.timestep)
+                table = rng.randint(ops, x, [len(self.blocks), cells], args.sx * args.sy, call.key)
+                call.draws[cells] = table
+            offsets = table[index]
         return compute_merge(ops, x, plan.w, plan.h, args.sx, args.sy, plan.r, offsets)
 
     def _merge_input(self, index: int, name: str, module: Any, args: tuple, kwargs: dict):

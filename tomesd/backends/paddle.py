@@ -42,14 +42,11 @@ class PaddleBackend:
     def shape(self, x: paddle.Tensor) -> Tuple[int, ...]:
         return tuple(x.shape)
 
-    def arange(self, n: int, like: paddle.Tensor) -> paddle.Tensor:
-        return _on(paddle.arange(n, dtype="int64"), like)
+    def arange(self, n: int, like: paddle.Tensor, step: int = 1) -> paddle.Tensor:
+        return _on(paddle.arange(0, n, step, dtype="int64"), like)
 
     def zeros(self, shape: Sequence[int], like: paddle.Tensor, integer: bool = False) -> paddle.Tensor:
         return _on(paddle.zeros(list(shape), dtype="int64" if integer else like.dtype), like)
-
-    def ones(self, shape: Sequence[int], like: paddle.Tensor, integer: bool = False) -> paddle.Tensor:
-        return _on(paddle.ones(list(shape), dtype="int64" if integer else like.dtype), like)
 
     def reshape(self, x: paddle.Tensor, shape: Sequence[int]) -> paddle.Tensor:
         return paddle.reshape(x, list(shape))
@@ -76,6 +73,8 @@ class PaddleBackend:
         return out.astype(dtype)
 
     def argsort(self, x: paddle.Tensor, axis: int, descending: bool) -> paddle.Tensor:
+        if x.dtype == paddle.bool:  # no boolean sort kernel
+            x = x.astype("int64")
         return paddle.argsort(x, axis=axis, descending=descending, stable=True)
 
     def max_with_indices(self, x: paddle.Tensor, axis: int) -> Tuple[paddle.Tensor, paddle.Tensor]:
@@ -88,8 +87,18 @@ class PaddleBackend:
     def l2_normalize(self, x: paddle.Tensor, axis: int) -> paddle.Tensor:
         return x / x.norm(axis=axis, keepdim=True)
 
-    def cumsum(self, x: paddle.Tensor, axis: int) -> paddle.Tensor:
-        return paddle.cumsum(x, axis=axis)
+    def counts(self, x: paddle.Tensor, length: int) -> paddle.Tensor:
+        ones = paddle.ones(x.shape, dtype="float32").to(x.place)
+        return paddle.index_add(paddle.zeros([length], dtype="float32").to(x.place), x, 0, ones)
+
+    def equal(self, a: paddle.Tensor, b: paddle.Tensor) -> paddle.Tensor:
+        return paddle.equal(a, b)
+
+    def permute(self, x: paddle.Tensor, axes: Sequence[int]) -> paddle.Tensor:
+        return paddle.transpose(x, list(axes))
+
+    def broadcast_to(self, x: paddle.Tensor, shape: Sequence[int]) -> paddle.Tensor:
+        return paddle.expand(x, list(shape))
 
     def where(self, cond: paddle.Tensor, a: paddle.Tensor, b: paddle.Tensor) -> paddle.Tensor:
         return paddle.where(cond, a, b)

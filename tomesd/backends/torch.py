@@ -24,14 +24,11 @@ class TorchBackend:
     def shape(self, x: torch.Tensor) -> Tuple[int, ...]:
         return tuple(x.shape)
 
-    def arange(self, n: int, like: torch.Tensor) -> torch.Tensor:
-        return torch.arange(n, device=like.device, dtype=torch.int64)
+    def arange(self, n: int, like: torch.Tensor, step: int = 1) -> torch.Tensor:
+        return torch.arange(0, n, step, device=like.device, dtype=torch.int64)
 
     def zeros(self, shape: Sequence[int], like: torch.Tensor, integer: bool = False) -> torch.Tensor:
         return torch.zeros(shape, device=like.device, dtype=torch.int64 if integer else like.dtype)
-
-    def ones(self, shape: Sequence[int], like: torch.Tensor, integer: bool = False) -> torch.Tensor:
-        return torch.ones(shape, device=like.device, dtype=torch.int64 if integer else like.dtype)
 
     def reshape(self, x: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
         return x.reshape(shape)
@@ -61,8 +58,18 @@ class TorchBackend:
     def l2_normalize(self, x: torch.Tensor, axis: int) -> torch.Tensor:
         return x / x.norm(dim=axis, keepdim=True)
 
-    def cumsum(self, x: torch.Tensor, axis: int) -> torch.Tensor:
-        return torch.cumsum(x, dim=axis)
+    def counts(self, x: torch.Tensor, length: int) -> torch.Tensor:
+        ones = torch.ones(x.shape, device=x.device, dtype=torch.float32)
+        return torch.zeros(length, device=x.device, dtype=torch.float32).index_add_(0, x, ones)
+
+    def equal(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a == b
+
+    def permute(self, x: torch.Tensor, axes: Sequence[int]) -> torch.Tensor:
+        return x.permute(*axes)
+
+    def broadcast_to(self, x: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+        return x.expand(*shape)
 
     def where(self, cond: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.where(cond, a, b)
