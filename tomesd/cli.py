@@ -6,43 +6,34 @@ import sys
 import time
 from typing import List, Optional
 
-from .bench.configs import SD15
+from .bench.configs import CONFIGS, TEXT_TOKENS
+from .bench.tokens import token_counter
 
-def demo(res: int, ratio: float, batch: int, seed: int) -> None:
+def demo(res: int, ratio: float, batch: int, seed: int, config: str = "sd15") -> None:
     import torch
     from diffusers import UNet2DConditionModel
 
     import tomesd
 
     torch.manual_seed(seed)
-    print("building the SD1.5 UNet architecture with random weights (nothing is downloaded) ...", flush=True)
-    unet = UNet2DConditionModel(**SD15).eval()
+    print(f"building the {config} UNet architecture with random weights (nothing is downloaded) ...", flush=True)
+    unet = UNet2DConditionModel(**CONFIGS[config]).eval()
     latent = res // 8
     x = torch.randn(batch, 4, latent, latent)
-    t, context = torch.tensor(500), torch.randn(batch, 77, 768)
-
-    tokens: List[tuple] = []
-    blocks = [(name, m) for name, m in unet.named_modules() if type(m).__name__ == "BasicTransformerBlock"]
-    handles = [
-        # to_q runs inside attention, after ToMe merged its input
-        block.attn1.to_q.register_forward_pre_hook(lambda mod, args, name=name: tokens.append((name, args[0].shape[1])))
-        for name, block in blocks
-    ]
+    t, context = torch.tensor(500), torch.randn(batch, TEXT_TOKENS, CONFIGS[config]["cross_attention_dim"])
 
     def run() -> tuple:
-        tokens.clear()
-        start = time.perf_counter()
-        with torch.no_grad():
-            out = unet(x, t, context).sample
-        return out, time.perf_counter() - start, list(tokens)
+        with token_counter(unet, "torch") as seen:
+            start = time.perf_counter()
+            with torch.no_grad():
+                out = unet(x, t, context).sample
+            return out, time.perf_counter() - start, list(seen)
 
     base, base_s, base_tokens = run()
     tomesd.apply_patch(unet, ratio=ratio, seed=seed)
     merged, tome_s, tome_tokens = run()
     tomesd.remove_patch(unet)
     restored, _, _ = run()
-    for handle in handles:
-        handle.remove()
 
     print(f"\n{res}x{res} image, batch {batch}, ratio {ratio}: self-attention tokens per block (before -> after)")
     for (name, before), (_, after) in zip(base_tokens, tome_tokens):
@@ -64,7 +55,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     d.add_argument("--ratio", type=float, default=0.5)
     d.add_argument("--batch", type=int, default=2)
     d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--config", choices=sorted(CONFIGS), default="sd15", help="UNet architecture (default: SD1.5's)")
     args = parser.parse_args(argv)
     if args.command == "bench":
         sys.exit(run(args))
-    demo(args.res, args.ratio, args.batch, args.seed)
+    demo(args.res, args.ratio, args.batch, args.seed, args.config)

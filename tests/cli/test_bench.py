@@ -61,6 +61,9 @@ def test_tiny_bench_with_compare_writes_table_json_and_plot(tmp_path, capsys):
         (["--model", "/no/such/folder"], "no such folder"),
         (["--backend", "paddle"], "needs paddlepaddle and ppdiffusers"),
         (["--device", "cuda"], "no CUDA device"),
+        (["--backend", "paddle", "--compile"], "--compile is torch only"),
+        (["--compile-backend", "aot_eager"], "--compile-backend goes with --compile"),
+        (["--compile", "--compile-backend", "no-such-backend"], "torch.compile knows"),
     ],
 )
 def test_bad_input_gets_a_clear_error(argv, message, capsys):
@@ -73,21 +76,61 @@ def test_model_folder_without_a_pipeline_is_refused(tmp_path, capsys):
     assert "model_index.json" in capsys.readouterr().err
 
 
-def test_model_path_runs_the_pipeline_and_writes_a_grid(tmp_path, capsys):
+def test_model_path_runs_the_pipeline_and_writes_a_grid(tmp_path, capsys, monkeypatch):
+    """--model loads the pipeline in --dtype on --device, and warms each configuration up before timing it."""
+    import torch
+    from diffusers import DiffusionPipeline, StableDiffusionPipeline
+
     import tiny_torch as T
+    from tomesd.bench.tokens import token_counter
 
     folder = tmp_path / "pipe"
     T.sd_pipeline(tmp_path).save_pretrained(folder)
+
+    loads, moves, calls = [], [], []
+    from_pretrained, to, call = DiffusionPipeline.from_pretrained.__func__, DiffusionPipeline.to, StableDiffusionPipeline.__call__
+
+    def spy_from_pretrained(cls, path, **kwargs):
+        loads.append(kwargs)
+        return from_pretrained(cls, path, **kwargs)
+
+    def spy_to(self, *args, **kwargs):
+        moves.append((args, kwargs))
+        return to(self, *args, **kwargs)
+
+    def spy_call(self, *args, **kwargs):
+        forwards = []
+        handle = self.unet.register_forward_pre_hook(lambda module, args: forwards.append(1))
+        try:
+            with token_counter(self.unet, "torch") as seen:
+                out = call(self, *args, **kwargs)
+        finally:
+            handle.remove()
+        # (steps, UNet dtype, UNet forwards, tokens into the first self-attention, at the latent's full size)
+        calls.append((kwargs["num_inference_steps"], self.unet.dtype, len(forwards), seen[0][1]))
+        return out
+
+    monkeypatch.setattr(DiffusionPipeline, "from_pretrained", classmethod(spy_from_pretrained))
+    monkeypatch.setattr(DiffusionPipeline, "to", spy_to)
+    monkeypatch.setattr(StableDiffusionPipeline, "__call__", spy_call)
+
     grid, out_json = tmp_path / "grid.png", tmp_path / "r.json"
     argv = ["--config", "tiny", "--res", "32", "--ratios", "0.5", "--repeats", "1", "--warmup", "0", "--no-memory",
-            "--model", str(folder), "--steps", "2", "--grid", str(grid), "--json", str(out_json)]
+            "--dtype", "bfloat16", "--device", "cpu",
+            "--model", str(folder), "--steps", "3", "--grid", str(grid), "--json", str(out_json)]
     assert bench(argv) == 0
     from PIL import Image
 
     with Image.open(grid) as image:
         assert image.size == (2 * 32, 32 + 20)  # baseline and ToMe side by side, with labels
-    runs = json.loads(out_json.read_text())["pipeline"]["runs"]
-    assert [r["name"] for r in runs] == ["baseline", "ToMe r=0.5"] and all(r["time_s"] > 0 for r in runs)
+    assert loads == [{"torch_dtype": torch.bfloat16}]
+    assert len(moves) == 1 and torch.device(*moves[0][0]) == torch.device("cpu")
+    bf16 = torch.bfloat16
+    # each configuration: an untimed 2-step warm-up, then the timed 3-step generation
+    assert calls == [(2, bf16, 2, 256), (3, bf16, 3, 256), (2, bf16, 2, 128), (3, bf16, 3, 128)]  # 16x16 latent
+    doc = json.loads(out_json.read_text())["pipeline"]
+    assert [r["name"] for r in doc["runs"]] == ["baseline", "ToMe r=0.5"] and all(r["time_s"] > 0 for r in doc["runs"])
+    assert (doc["dtype"], doc["device"], doc["warmup_steps"], doc["steps"]) == ("bfloat16", "cpu", 2, 3)
     assert "image grid" in capsys.readouterr().out
 
 

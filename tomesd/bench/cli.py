@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from typing import List, Optional
@@ -33,11 +34,59 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", default="a photograph of an astronaut riding a horse")
     parser.add_argument("--steps", type=int, default=20, help="denoising steps with --model")
     parser.add_argument("--grid", metavar="PATH", default="bench-out/grid.png", help="image grid written with --model")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch only: time a torch.compile'd UNet per configuration (first call reported apart)")
+    parser.add_argument("--compile-backend", metavar="NAME", default=None,
+                        help="torch.compile backend with --compile (default: inductor; aot_eager, eager for checks)")
 
 
 def _fail(message: str) -> int:
     print(f"tomesd bench: error: {message}", file=sys.stderr)
     return 2
+
+
+BENCH_EXTRA = "pip install 'tome-sd[bench]'"
+
+
+def missing_dependencies(args: argparse.Namespace) -> List[str]:
+    """The optional modules the chosen options need and cannot import, one message each (checked
+    before anything runs, so a missing plotting library does not cost a whole benchmark)."""
+    needs = []
+    if args.plot:
+        needs.append(("matplotlib", "--plot", "matplotlib"))
+    if args.model is not None:
+        needs.append(("PIL", "--model (for its image grid)", "pillow"))
+    missing = []
+    for module, option, package in needs:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(f"{option} needs {package}, which is not installed: {BENCH_EXTRA} (or pip install {package})")
+    return missing
+
+
+class _NoBar:
+    """Stands in for tqdm's progress bar when tqdm is not installed."""
+
+    def __enter__(self) -> "_NoBar":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_description(self, text: str) -> None:
+        pass
+
+
+def progress_bar(total: int, desc: str) -> object:
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, desc=desc, unit="fwd", file=sys.stderr, disable=None)
 
 
 def _ratios(text: str) -> List[float]:
@@ -65,12 +114,23 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--res must be a multiple of 8 (the VAE's downsampling)")
         if args.model is not None and not os.path.isdir(args.model):
             raise BadModelPath(f"--model {args.model!r}: no such folder")
+        if args.compile_backend is not None and not args.compile:
+            raise ValueError("--compile-backend goes with --compile")
+        if args.compile and args.backend != "torch":
+            raise ValueError("--compile is torch only (torch.compile); paddle has no compiled mode in this benchmark")
+        missing = missing_dependencies(args)
+        if missing:
+            raise ValueError("; ".join(missing))
         settings = Settings(
             backend=args.backend, config=args.config, res=args.res, batch=args.batch, ratios=tuple(ratios),
             max_downsample=args.max_downsample, dtype=args.dtype, device=args.device, repeats=args.repeats,
             warmup=max(args.warmup, 0), compare=args.compare, seed=args.seed,
+            compile=args.compile, compile_backend=args.compile_backend or "inductor",
         )
         kit = make_kit(settings.backend, settings.device, settings.dtype)
+        if settings.compile and settings.compile_backend not in kit.compile_backends():
+            raise ValueError(f"--compile-backend {settings.compile_backend!r}: torch.compile knows "
+                             f"{', '.join(sorted(kit.compile_backends()))}")
     except (ValueError, MissingBackend) as exc:
         return _fail(str(exc))
     if args.compare and settings.backend == "torch":
@@ -83,13 +143,15 @@ def run(args: argparse.Namespace) -> int:
 
     n_configs = len(configurations(settings))
     cpu_memory = not kit.on_gpu() and not args.no_memory
-    total = n_configs * (settings.warmup + settings.repeats + 1 + (1 if cpu_memory else 0))
-    from tqdm import tqdm
+    total = n_configs * (settings.warmup + settings.repeats + 1 + (1 if cpu_memory else 0) + (1 if settings.compile else 0))
+    compiled = f", torch.compile(backend={settings.compile_backend!r})" if settings.compile else ""
 
     print(f"{settings.config} UNet, random weights, {settings.res}x{settings.res}, batch {settings.batch}, "
-          f"{settings.dtype} on {kit.name}/{settings.device}; {n_configs} configurations interleaved", file=sys.stderr)
-    with tqdm(total=total, desc="UNet forwards", unit="fwd", file=sys.stderr, disable=None) as bar:
-        rows = run_unet(settings, bar.update)
+          f"{settings.dtype} on {kit.name}/{settings.device}{compiled}; {n_configs} configurations interleaved",
+          file=sys.stderr)
+    notes: List[str] = []
+    with progress_bar(total, "UNet forwards") as bar:
+        rows = run_unet(settings, bar.update, notes)
         if cpu_memory:
             bar.set_description("peak-memory probes")
             measure_cpu_memory(settings, rows, bar.update)
@@ -100,22 +162,28 @@ def run(args: argparse.Namespace) -> int:
         from . import pipeline as pipeline_mod
 
         try:
-            pipeline = pipeline_mod.run(args.model, settings.backend, ratios, args.prompt, args.steps,
+            pipeline = pipeline_mod.run(args.model, kit, ratios, args.prompt, args.steps,
                                         settings.res, settings.seed, args.grid)
         except BadModelPath as exc:
             return _fail(str(exc))
 
     print(f"\n{settings.config} UNet at {settings.res}x{settings.res}, batch {settings.batch}, {settings.dtype}, "
-          f"{kit.name} on {settings.device}; median of {settings.repeats} forwards after {settings.warmup} warm-up")
+          f"{kit.name} on {settings.device}{compiled}; median of {settings.repeats} forwards after {settings.warmup} warm-up")
     print(table(rows, kit.reference_name))
+    for note in notes:
+        print(f"note: {note}")
+    if settings.compile:
+        print("compiled: one compiled copy of the UNet per configuration (weights shared); tokens and output change "
+              "from one eager forward of each copy; ToMe's own time is not separable inside a compiled graph")
     if cpu_memory:
         print("peak memory: peak RSS of one forward in a fresh process (model weights included)")
     if pipeline is not None:
-        print(f"\npipeline {pipeline['model']} ({pipeline['steps']} steps): image grid {pipeline['grid']}")
+        print(f"\npipeline {pipeline['model']} ({pipeline['steps']} steps, {pipeline['dtype']} on {pipeline['device']}, "
+              f"after a {pipeline['warmup_steps']}-step warm-up each): image grid {pipeline['grid']}")
         for entry in pipeline["runs"]:
             print(f"  {entry['name']:<12} {entry['time_s']:.2f} s  {entry['speedup']:.2f}x")
     if args.json:
-        write_json(args.json, settings, rows, kit, pipeline)
+        write_json(args.json, settings, rows, kit, pipeline, notes)
         print(f"results: {args.json}")
     if args.plot:
         write_plot(args.plot, rows, kit.reference_name,

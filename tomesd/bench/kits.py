@@ -37,6 +37,21 @@ class _Kit:
             with self.reference(model, ratio, max_downsample or 1):
                 yield
 
+    def patched_copy(self, model: Any, method: str, ratio: float, max_downsample: Any, seed: int) -> Any:
+        """A copy of the model that shares its weights, with the method's patch applied for good: one
+        object per configuration to compile, so no patching ever changes a compiled model's hooks."""
+        import tomesd
+
+        model = self.share_copy(model)
+        if method == "tome":
+            tomesd.apply_patch(model, ratio=ratio, max_downsample=max_downsample, seed=seed)
+        elif method == "reference":
+            self.apply_reference(model, ratio, max_downsample or 1)
+        return model
+
+    def compile(self, model: Any, backend: str) -> Any:
+        raise MissingBackend(f"--compile needs torch (torch.compile); the {self.name} backend has none here")
+
     def machinery(self) -> Dict[str, List[Tuple[Any, str]]]:
         """(owner, attribute) of the functions that do ToMe's work, per method, for timing them."""
         from tome_core.matching import TokenMerge
@@ -64,7 +79,7 @@ class TorchKit(_Kit):
         self.device = torch.device("cuda" if device in ("cuda", "gpu") else device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise MissingBackend("--device cuda: torch sees no CUDA device")
-        self.dtype = getattr(torch, dtype)
+        self.dtype, self.dtype_name = getattr(torch, dtype), dtype
         torch.set_grad_enabled(False)
 
     def build(self, config: str, seed: int) -> Any:
@@ -102,16 +117,59 @@ class TorchKit(_Kit):
     def to_numpy(self, x: Any) -> Any:
         return x.float().cpu().numpy()
 
+    def share_copy(self, model: Any) -> Any:
+        """A deep copy whose parameters and buffers are the original's (no second set of weights)."""
+        import copy
+        import itertools
+
+        memo = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+        return copy.deepcopy(model, memo)
+
+    def compile_backends(self) -> List[str]:
+        return list(self.torch._dynamo.list_backends(exclude_tags=()))
+
+    def compile(self, model: Any, backend: str) -> Any:
+        """torch.compile of one configuration, isolated from the others. Dynamo caches compiled code
+        per code object, and every configuration runs the same UNet code: compiled directly, a patched
+        copy was served the graph traced for the unpatched baseline (torch 2.13: its output was the
+        baseline's), and a graph break inside the UNet's block loop makes dynamo fall back to eager for
+        that code in every configuration compiled after it. So each configuration is compiled through
+        its own entry function (a code object of its own) with fullgraph=True: one whole graph, or an
+        error. tests/cli/test_bench_compile.py checks each compiled output against its eager copy."""
+        import types
+
+        self._entries = getattr(self, "_entries", 0) + 1
+        code = _call_model.__code__.replace(co_name=f"{_call_model.__name__}_{self._entries}")
+        entry = self.torch.compile(types.FunctionType(code, globals()), backend=backend, fullgraph=True)
+        return lambda *args: entry(model, *args)
+
+    @contextlib.contextmanager
+    def compile_settings(self, n_models: int) -> Iterator[None]:
+        """Static shapes (each configuration always sees the same ones), and a recompile limit well
+        above one entry per configuration."""
+        config = self.torch._dynamo.config
+        changes: Dict[str, Any] = {"automatic_dynamic_shapes": False}
+        for names in (("recompile_limit", "cache_size_limit"), ("accumulated_recompile_limit", "accumulated_cache_size_limit")):
+            name = next((n for n in names if hasattr(config, n)), None)
+            if name is not None:
+                changes[name] = max(getattr(config, name), 64 * n_models)
+        with config.patch(changes):
+            yield
+
+    def apply_reference(self, model: Any, ratio: float, max_downsample: int) -> None:
+        from .references import load_tomesd_ref
+
+        load_tomesd_ref().apply_patch(model, ratio=ratio, max_downsample=max_downsample)
+
     @contextlib.contextmanager
     def reference(self, model: Any, ratio: float, max_downsample: int) -> Iterator[None]:
         from .references import load_tomesd_ref
 
-        ref = load_tomesd_ref()
-        ref.apply_patch(model, ratio=ratio, max_downsample=max_downsample)
+        self.apply_reference(model, ratio, max_downsample)
         try:
             yield
         finally:
-            ref.remove_patch(model)
+            load_tomesd_ref().remove_patch(model)
 
     def reference_machinery(self) -> List[Tuple[Any, str]]:
         from .references import load_tomesd_ref
@@ -137,7 +195,7 @@ class PaddleKit(_Kit):
         if self.gpu and not paddle.device.is_compiled_with_cuda():
             raise MissingBackend("--device gpu: this paddle build has no CUDA (install paddlepaddle-gpu)")
         paddle.set_device("gpu" if self.gpu else "cpu")
-        self.dtype = dtype
+        self.dtype = self.dtype_name = dtype
         paddle.set_grad_enabled(False)
 
     def build(self, config: str, seed: int) -> Any:
@@ -194,6 +252,10 @@ class PaddleKit(_Kit):
         from ppdiffusers.patches import tomesd_patch_utils
 
         return [(tomesd_patch_utils, "bipartite_soft_matching_random2d")]
+
+
+def _call_model(model: Any, *args: Any) -> Any:
+    return model(*args)
 
 
 def make_kit(backend: str, device: str, dtype: str) -> Any:

@@ -41,9 +41,17 @@ def main() -> None:
     kit = make_kit(settings.backend, settings.device, settings.dtype)
     model = kit.build(settings.config, settings.seed)
     inputs = kit.inputs(settings.config, settings.batch, settings.res, settings.seed + 1)
-    with kit.method(model, spec["method"], spec["ratio"] or 0.0, settings.max_downsample, settings.seed):
-        _reset_peak()
-        kit.forward(model, inputs)
+    if settings.compile:  # the compiled forward's peak, after its compilation
+        with kit.compile_settings(1):
+            copy = kit.patched_copy(model, spec["method"], spec["ratio"] or 0.0, settings.max_downsample, settings.seed)
+            compiled = kit.compile(copy, settings.compile_backend)
+            kit.forward(compiled, inputs)
+            _reset_peak()
+            kit.forward(compiled, inputs)
+    else:
+        with kit.method(model, spec["method"], spec["ratio"] or 0.0, settings.max_downsample, settings.seed):
+            _reset_peak()
+            kit.forward(model, inputs)
     print(json.dumps({"peak_rss_bytes": _peak_rss()}))
 
 

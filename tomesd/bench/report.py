@@ -25,19 +25,26 @@ def label(row: Any, reference_name: str) -> str:
 
 
 def table(rows: List[Any], reference_name: str) -> str:
+    compiled = any(getattr(row, "compile_s", None) is not None for row in rows)
     head = ("| configuration | time/forward (s) | speed-up | peak memory (MiB) | memory saved | "
             "ToMe's own time | output change | self-attn tokens per level (without -> with) |")
-    lines = [head, "|" + "---|" * 8]
+    if compiled:
+        head += " first call, compiling (s) |"
+    lines = [head, "|" + "---|" * (9 if compiled else 8)]
     for row in rows:
         tokens = ", ".join(
             f"L{level}: {before}->{after}" for level, (before, after) in sorted(row.tokens.items(), key=lambda kv: int(kv[0]))
             if before != after
         ) or "none merged"
         saved = "-" if row.mem_reduction is None else f"{row.mem_reduction:.0%}"
-        lines.append(
+        own = "-" if row.tome_fraction is None else f"{row.tome_fraction:.1%} of the UNet"
+        line = (
             f"| {label(row, reference_name)} | {row.time_s:.3f} | {row.speedup:.2f}x | {_mib(row.peak_mem_bytes)} | "
-            f"{saved} | {row.tome_fraction:.1%} of the UNet | {row.output_change:.3f} | {tokens} |"
+            f"{saved} | {own} | {row.output_change:.3f} | {tokens} |"
         )
+        if compiled:
+            line += " - |" if row.compile_s is None else f" {row.compile_s:.2f} |"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -52,8 +59,9 @@ def machine(kit: Any) -> Dict[str, Any]:
     return info
 
 
-def write_json(path: str, settings: Any, rows: List[Any], kit: Any, pipeline: Optional[Dict[str, Any]] = None) -> None:
-    doc = {
+def write_json(path: str, settings: Any, rows: List[Any], kit: Any, pipeline: Optional[Dict[str, Any]] = None,
+               notes: Optional[List[str]] = None) -> None:
+    doc: Dict[str, Any] = {
         "schema": SCHEMA,
         "machine": machine(kit),
         "settings": asdict(settings),
@@ -62,6 +70,8 @@ def write_json(path: str, settings: Any, rows: List[Any], kit: Any, pipeline: Op
     }
     if pipeline is not None:
         doc["pipeline"] = pipeline
+    if notes:
+        doc["notes"] = list(notes)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(doc, f, indent=2, default=float)

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from .kits import make_kit, timed
+from .tokens import counts, token_counter, tokens_per_level
 
 
 @dataclass
@@ -29,6 +30,8 @@ class Settings:
     warmup: int = 1
     compare: bool = False
     seed: int = 0
+    compile: bool = False  # torch.compile one model object per configuration
+    compile_backend: str = "inductor"
 
 
 @dataclass
@@ -40,10 +43,12 @@ class Row:
     speedup: float = math.nan
     peak_mem_bytes: Optional[int] = None
     mem_reduction: Optional[float] = None
-    tome_time_s: float = 0.0
-    tome_fraction: float = 0.0
+    tome_time_s: Optional[float] = 0.0  # None with --compile: ToMe's functions run inside the compiled graph
+    tome_fraction: Optional[float] = 0.0
     output_change: float = 0.0
     tokens: Dict[str, List[int]] = field(default_factory=dict)  # level -> [before, after]
+    compile_s: Optional[float] = None  # with --compile: the first call (compilation included)
+    compiled_vs_eager: Optional[float] = None  # with --compile: relative difference of the compiled output
 
 
 def configurations(settings: Settings) -> List[Tuple[str, Optional[float]]]:
@@ -85,85 +90,113 @@ class MachineryTimer:
                 setattr(owner, name, fn)
 
 
-@contextlib.contextmanager
-def token_counter(model: Any, backend: str) -> Iterator[List[int]]:
-    """Tokens entering each self-attention call (at to_q, so after any merge), in call order."""
-    from ..adapters.frameworks import module_ops
-    from ..adapters.hooks import transformer_blocks
-
-    seen: List[int] = []
-    handles = [
-        block.attn1.to_q.register_forward_pre_hook(lambda module, args: seen.append(int(args[0].shape[1])))
-        for block in transformer_blocks(module_ops(backend), model)
-    ]
-    try:
-        yield seen
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-def tokens_per_level(latent: int, before: List[int], after: List[int]) -> Dict[str, List[int]]:
-    """Self-attention tokens summed per downsample level: {level: [without ToMe, with ToMe]}."""
-    from tome_core import downsample_level
-
-    levels: Dict[str, List[int]] = {}
-    for n_before, n_after in zip(before, after):
-        entry = levels.setdefault(str(downsample_level((latent, latent), n_before)), [0, 0])
-        entry[0] += n_before
-        entry[1] += n_after
-    return levels
-
-
-def run_unet(settings: Settings, progress: Callable[[int], None] = lambda n: None) -> List[Row]:
+def run_unet(settings: Settings, progress: Callable[[int], None] = lambda n: None,
+             notes: Optional[List[str]] = None) -> List[Row]:
+    """One row per configuration. With settings.compile, each configuration is its own compiled copy
+    of the model (weights shared); a reference that cannot be compiled is left out, with a note."""
     kit = make_kit(settings.backend, settings.device, settings.dtype)
     model = kit.build(settings.config, settings.seed)
     inputs = kit.inputs(settings.config, settings.batch, settings.res, settings.seed + 1)
     configs = configurations(settings)
-    rows = {cfg: Row(method=cfg[0], ratio=cfg[1]) for cfg in configs}
-    forward = lambda: kit.forward(model, inputs)  # noqa: E731
+    notes = [] if notes is None else notes
+    if not settings.compile:
+        return _measure(settings, kit, model, inputs, configs, progress)
+    with kit.compile_settings(len(configs)):
+        return _measure(settings, kit, model, inputs, configs, progress, notes)
 
-    def under(cfg: Tuple[str, Optional[float]]):
-        return kit.method(model, cfg[0], cfg[1] or 0.0, settings.max_downsample, settings.seed)
+
+Config = Tuple[str, Optional[float]]
+
+
+def _measure(settings: Settings, kit: Any, model: Any, inputs: Tuple[Any, ...], configs: List[Config],
+             progress: Callable[[int], None], notes: Optional[List[str]] = None) -> List[Row]:
+    rows = {cfg: Row(method=cfg[0], ratio=cfg[1]) for cfg in configs}
+    eager: Dict[Config, Any] = {}  # with --compile: each configuration's patched copy, and its compiled form
+    compiled: Dict[Config, Any] = {}
+    if settings.compile:
+        for cfg in list(configs):
+            if cfg not in rows:  # a reference already left out
+                continue
+            eager[cfg] = kit.patched_copy(model, cfg[0], cfg[1] or 0.0, settings.max_downsample, settings.seed)
+            compiled[cfg] = kit.compile(eager[cfg], settings.compile_backend)
+            try:
+                rows[cfg].compile_s = timed(kit, lambda: kit.forward(compiled[cfg], inputs))
+            except Exception as exc:  # noqa: BLE001 - dynamo raises many kinds
+                if cfg[0] != "reference":
+                    raise
+                reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                notes.append(f"{kit.reference_name} left out: its patch does not compile into one graph "
+                             f"(torch.compile fullgraph=True at r={cfg[1]:g}: {type(exc).__name__}: {reason[:200]})")
+                for other in [c for c in configs if c[0] == "reference"]:
+                    configs.remove(other)
+                    rows.pop(other, None)
+                    eager.pop(other, None)
+                    compiled.pop(other, None)
+            progress(1)
+
+    @contextlib.contextmanager
+    def prepared(cfg: Config) -> Iterator[Callable[[], Any]]:
+        """The forward of one configuration: the shared model under its patch, or its compiled copy."""
+        if settings.compile:
+            yield lambda: kit.forward(compiled[cfg], inputs)
+        else:
+            with kit.method(model, cfg[0], cfg[1] or 0.0, settings.max_downsample, settings.seed):
+                yield lambda: kit.forward(model, inputs)
 
     for cfg in configs:
         for _ in range(settings.warmup):
-            with under(cfg):
+            with prepared(cfg) as forward:
                 forward()
             progress(1)
     # Interleaved, alternating order: drifts of the machine hit every configuration alike.
     for rep in range(settings.repeats):
         for cfg in configs if rep % 2 == 0 else configs[::-1]:
-            with under(cfg):
+            with prepared(cfg) as forward:
                 rows[cfg].times_s.append(timed(kit, forward))
             progress(1)
+    if kit.on_gpu():
+        for cfg in configs:
+            with prepared(cfg) as forward:
+                kit.sync()
+                kit.reset_peak()
+                forward()
+                kit.sync()
+                rows[cfg].peak_mem_bytes = kit.peak_bytes()
 
+    # One more forward each, eager, counting tokens (and timing ToMe's own functions, unless compiled:
+    # inside a compiled graph they are not separate calls).
     machinery = kit.machinery()
     baseline_out, baseline_seen = None, None
     for cfg in configs:  # baseline first: the others are compared with it
         row = rows[cfg]
         timer = MachineryTimer(kit)
-        with under(cfg), timer.installed(machinery.get(cfg[0], [])), token_counter(model, kit.name) as seen:
-            out = kit.to_numpy(forward())
+        if settings.compile:
+            target, method = eager[cfg], contextlib.nullcontext()
+            compiled_out = kit.to_numpy(kit.forward(compiled[cfg], inputs))
+        else:
+            target = model
+            method = kit.method(model, cfg[0], cfg[1] or 0.0, settings.max_downsample, settings.seed)
+        with method, timer.installed([] if settings.compile else machinery.get(cfg[0], [])), \
+                token_counter(target, kit.name) as seen:
+            out = kit.to_numpy(kit.forward(target, inputs))
         progress(1)
         if cfg[0] == "baseline":
-            baseline_out, baseline_seen = out, list(seen)
+            baseline_out, baseline_seen = out, counts(seen)
         row.time_s = statistics.median(row.times_s)
-        row.tome_time_s = timer.total
-        row.tokens = tokens_per_level(settings.res // 8, baseline_seen, seen)
-        row.output_change = float(((out - baseline_out) ** 2).sum() ** 0.5 / ((baseline_out ** 2).sum() ** 0.5))
-        if kit.on_gpu():
-            with under(cfg):
-                kit.sync()
-                kit.reset_peak()
-                forward()
-                kit.sync()
-                row.peak_mem_bytes = kit.peak_bytes()
+        row.tome_time_s = None if settings.compile else timer.total
+        row.tokens = tokens_per_level(settings.res // 8, baseline_seen, counts(seen))
+        row.output_change = _relative(out, baseline_out)
+        if settings.compile:  # the compiled graph computes what the patched model computes
+            row.compiled_vs_eager = _relative(compiled_out, out)
     base = rows[("baseline", None)]
     for row in rows.values():
         row.speedup = base.time_s / row.time_s
-        row.tome_fraction = row.tome_time_s / max(row.time_s, 1e-12)
+        row.tome_fraction = None if row.tome_time_s is None else row.tome_time_s / max(row.time_s, 1e-12)
     return list(rows.values())
+
+
+def _relative(out: Any, ref: Any) -> float:
+    return float(((out - ref) ** 2).sum() ** 0.5 / ((ref ** 2).sum() ** 0.5))
 
 
 def measure_cpu_memory(settings: Settings, rows: List[Row], progress: Callable[[int], None] = lambda n: None) -> None:

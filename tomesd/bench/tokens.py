@@ -1,0 +1,46 @@
+"""How many tokens reach self-attention: shared by the benchmark and `python -m tomesd demo`."""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Dict, Iterator, List, Tuple
+
+
+@contextlib.contextmanager
+def token_counter(model: Any, backend: str) -> Iterator[List[Tuple[str, int]]]:
+    """(block name, tokens) entering each self-attention call, in call order. Counted at attn1.to_q,
+    which runs inside the attention, so after any merge (ours, tomesd's or ppdiffusers')."""
+    from ..adapters.frameworks import module_ops
+    from ..adapters.hooks import transformer_blocks
+
+    ops = module_ops(backend)
+    blocks = {id(block) for block in transformer_blocks(ops, model)}
+    seen: List[Tuple[str, int]] = []
+
+    def hook_for(name: str):
+        return lambda module, args: seen.append((name, int(args[0].shape[1])))
+
+    handles = [
+        block.attn1.to_q.register_forward_pre_hook(hook_for(name))
+        for name, block in ops.named_modules(model) if id(block) in blocks
+    ]
+    try:
+        yield seen
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def counts(seen: List[Tuple[str, int]]) -> List[int]:
+    return [n for _, n in seen]
+
+
+def tokens_per_level(latent: int, before: List[int], after: List[int]) -> Dict[str, List[int]]:
+    """Self-attention tokens summed per downsample level: {level: [without ToMe, with ToMe]}."""
+    from tome_core import downsample_level
+
+    levels: Dict[str, List[int]] = {}
+    for n_before, n_after in zip(before, after):
+        entry = levels.setdefault(str(downsample_level((latent, latent), n_before)), [0, 0])
+        entry[0] += n_before
+        entry[1] += n_after
+    return levels
