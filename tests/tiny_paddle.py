@@ -15,6 +15,25 @@ def load_paddle(cls, torch_model, folder):
     return model
 
 
+# Two levels instead of three: what paddle.jit.to_static's translation time grows with.
+SMALL_UNET = dict(
+    T.SD1_UNET, block_out_channels=(32, 32),
+    down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+)
+
+
+def unet(folder, config: dict = T.SD1_UNET, seed: int = 0):
+    """A ppdiffusers UNet2DConditionModel with tiny_torch's random weights, in eval mode."""
+    from ppdiffusers import UNet2DConditionModel
+
+    return load_paddle(UNet2DConditionModel, T.unet(config, seed), folder)
+
+
+def unet_inputs(batch: int = 2, h: int = 16, w: int = 16, seed: int = 1):
+    """tiny_torch.unet_inputs as paddle tensors."""
+    return [paddle.to_tensor(v.numpy()) for v in T.unet_inputs(batch, h, w, seed)]
+
+
 def controlnet_pipeline(tmp_path, num_controlnets: int = 1):
     from diffusers import AutoencoderKL as TorchVAE
     from diffusers import ControlNetModel as TorchControlNet

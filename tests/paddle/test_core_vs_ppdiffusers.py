@@ -6,7 +6,7 @@ import torch
 
 from multiset import assert_same_rows
 from shapes import CASES
-from tome_core import bipartite_soft_matching_random2d
+from tome_core import DEFAULT_SEED, bipartite_soft_matching_random2d
 
 from ppdiffusers.patches.tomesd_patch_utils import bipartite_soft_matching_random2d as pp_ref
 
@@ -50,8 +50,9 @@ def test_torch_and_paddle_merge_the_same_tokens(case, no_rand, dtype, tol):
     # the merged values themselves are computed in `dtype`.
     xt = torch.from_numpy(data).to(getattr(torch, dtype))
     xp = paddle.to_tensor(data).astype(dtype)
-    mt, ut = bipartite_soft_matching_random2d(torch.from_numpy(data), w, h, sx, sy, r, no_rand=no_rand, seed=11, counter=3)
-    mp, up = bipartite_soft_matching_random2d(paddle.to_tensor(data), w, h, sx, sy, r, no_rand=no_rand, seed=11, counter=3)
+    # Default arguments (no seed): the random dst pattern must be the same on both frameworks.
+    mt, ut = bipartite_soft_matching_random2d(torch.from_numpy(data), w, h, sx, sy, r, no_rand=no_rand)
+    mp, up = bipartite_soft_matching_random2d(paddle.to_tensor(data), w, h, sx, sy, r, no_rand=no_rand)
     # Same layout on both backends, so the tensors compare row by row, not as multisets: a backend
     # that merged a different token fails here. On the 1024-token grid the smallest gap between
     # similarity scores (~1e-6) meets the two frameworks' matmul round-off, so a token at the
@@ -68,6 +69,21 @@ def test_torch_and_paddle_merge_the_same_tokens(case, no_rand, dtype, tol):
         top_left = bipartite_soft_matching_random2d(xt, w, h, sx, sy, r, no_rand=True)[0](xt)
         if not no_rand and min(h // sy, w // sx) > 1:
             assert not torch.equal(merged_t, top_left), "use_rand must change the dst choice"
+
+
+def test_seed_picks_the_pattern_alike_on_both_frameworks():
+    """No seed means DEFAULT_SEED; another seed gives another pattern, the same on torch and paddle."""
+    b, h, w, sx, sy, r = 2, 16, 16, 2, 2, 100
+    data = np.random.RandomState(3).randn(b, h * w, 24).astype("float32")
+
+    def merged(x, **kw):
+        return as_np(bipartite_soft_matching_random2d(x, w, h, sx, sy, r, **kw)[0](x))
+
+    xt, xp = torch.from_numpy(data), paddle.to_tensor(data)
+    np.testing.assert_array_equal(merged(xt), merged(xt, seed=DEFAULT_SEED))
+    np.testing.assert_array_equal(merged(xp), merged(xp, seed=DEFAULT_SEED))
+    assert not np.array_equal(merged(xt, seed=11), merged(xt))
+    np.testing.assert_allclose(merged(xt, seed=11), merged(xp, seed=11), atol=1e-6)
 
 
 def test_paddle_global_rng_untouched():

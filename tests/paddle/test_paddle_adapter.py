@@ -1,5 +1,5 @@
-"""pipe.apply_tome on ppdiffusers: same output as torch for the same weights and seed, and as
-ppdiffusers' built-in with use_rand=False."""
+"""pipe.apply_tome on ppdiffusers: same output as torch for the same weights (default arguments,
+no seed needed), and as ppdiffusers' built-in with use_rand=False."""
 import subprocess
 import sys
 
@@ -39,14 +39,16 @@ def run_both(torch_unet, paddle_unet, batch=2, h=16, w=16):
 TOL = 2e-4
 
 
-@pytest.mark.parametrize("use_rand", [False, True])
+# seed=None: the default arguments must give parity by themselves (no seed to pass).
+@pytest.mark.parametrize("use_rand,seed", [(False, None), (True, None), (True, 3)])
 @pytest.mark.parametrize("batch,h,w", [(2, 16, 16), (1, 15, 17)])
-def test_torch_and_paddle_unets_agree_under_tome(twin_unets, use_rand, batch, h, w):
+def test_torch_and_paddle_unets_agree_under_tome(twin_unets, use_rand, seed, batch, h, w):
     torch_unet, paddle_unet = twin_unets
     base_t, base_p = run_both(torch_unet, paddle_unet, batch, h, w)
     assert np.abs(base_t - base_p).max() < TOL  # the two frameworks agree without ToMe
-    tomesd.apply_patch(torch_unet, ratio=0.5, use_rand=use_rand, seed=3)
-    paddle_unet.apply_tome(ratio=0.5, use_rand=use_rand, seed=3)
+    kwargs = {} if seed is None else {"seed": seed}
+    tomesd.apply_patch(torch_unet, ratio=0.5, use_rand=use_rand, **kwargs)
+    paddle_unet.apply_tome(ratio=0.5, use_rand=use_rand, **kwargs)
     try:
         tome_t, tome_p = run_both(torch_unet, paddle_unet, batch, h, w)
     finally:

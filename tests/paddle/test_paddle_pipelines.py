@@ -17,9 +17,9 @@ def test_controlnet_pipeline_patched_end_to_end(tmp_path, num_controlnets, entry
     base = P.run_pipeline(pipe, num_controlnets)
 
     if entry == "pipe.apply_tome":
-        pipe.apply_tome(ratio=0.5, seed=0)
+        pipe.apply_tome(ratio=0.5)
     else:
-        tomesd.apply_patch(pipe, ratio=0.5, seed=0)
+        tomesd.apply_patch(pipe, ratio=0.5)
     for model in nets + [pipe.unet]:
         assert len(getattr(model, PATCH_ATTR).blocks) > 0
     for model in (pipe.vae, pipe.text_encoder):
@@ -33,7 +33,7 @@ def test_controlnet_pipeline_patched_end_to_end(tmp_path, num_controlnets, entry
         nets[0].remove_tome()
         plain = nets[0](x, t, c, cond, return_dict=False)[1].numpy()
     assert np.abs(patched - plain).max() > 1e-3
-    pipe.apply_tome(ratio=0.5, seed=0)
+    pipe.apply_tome(ratio=0.5)
 
     merged = P.run_pipeline(pipe, num_controlnets)
     assert np.abs(merged - base).max() > 1e-3
@@ -70,7 +70,7 @@ def test_denoisers_held_in_a_plain_list_are_patched(tmp_path):
         assert not any(is_tome_block(m) for net in nets for _, m in net.named_sublayers())  # the gap
         holder.remove_tome()
 
-    holder.apply_tome(ratio=0.5, seed=0)
+    holder.apply_tome(ratio=0.5)
     for model in nets + [pipe.unet]:
         assert len(getattr(model, PATCH_ATTR).blocks) > 0
     assert all(PATCH_ATTR not in vars(m) for _, m in pipe.vae.named_sublayers(include_self=True))

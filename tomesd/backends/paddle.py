@@ -1,11 +1,17 @@
 """PaddlePaddle backend."""
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any, Callable, Iterator, Sequence, Tuple
 
-import inspect
-
 import paddle
+
+try:
+    from paddle.base.dygraph.base import in_to_static_mode
+except ImportError:  # pragma: no cover - moved in some paddle release
+    def in_to_static_mode() -> bool:
+        return False
 
 # Layer hooks with keyword arguments and always-called post-hooks arrived in paddle 3.2
 # (PaddlePaddle/Paddle#71283, #74611); the adapters need both.
@@ -17,6 +23,53 @@ if "always_call" not in inspect.signature(paddle.nn.Layer.register_forward_post_
     )
 # CPU kernels for these scatters exist for float16/32/64 but not bfloat16.
 _SCATTER_UPCAST = {paddle.bfloat16}
+
+
+class LayerHook:
+    """A forward hook as paddle stores it: `function(owner, *hook_args, *args)`.
+
+    Why not the bound method (or functools.partial) itself: paddle's SOT translator (the default
+    of paddle.jit.to_static) guards a layer's __dict__, hook tables included, and guards bound
+    methods and partials by `value == <repr>`, which is not Python ("<bound method ...>"), so the
+    conversion failed with a SyntaxError. A plain object is guarded by identity. The method is kept
+    as (function, owner): SOT mis-binds a bound method read from an object's attribute. `func` is
+    the bound method again, so remove_owned_hooks finds the owner; copies and pickles carry both.
+    """
+
+    __slots__ = ("function", "owner", "args")
+
+    def __init__(self, hook: Callable):
+        args: tuple = ()
+        if isinstance(hook, functools.partial) and not hook.keywords:
+            hook, args = hook.func, hook.args
+        if inspect.ismethod(hook):
+            self.function, self.owner = hook.__func__, hook.__self__
+        else:
+            self.function, self.owner = hook, None
+        self.args = args
+
+    @property
+    def func(self) -> Callable:
+        return self.function if self.owner is None else self.function.__get__(self.owner)
+
+    def __call__(self, *call_args: Any) -> Any:
+        if self.owner is None:
+            return self.function(*self.args, *call_args)
+        return self.function(self.owner, *self.args, *call_args)
+
+    def __getstate__(self) -> tuple:
+        return self.function, self.owner, self.args
+
+    def __setstate__(self, state: tuple) -> None:
+        self.function, self.owner, self.args = state
+
+
+_NO_AST = (
+    "ToMe cannot be traced by paddle.jit.to_static(full_graph=True) (AST mode): its hooks keep one "
+    "call's merges in Python state, and a to_static of the patched model itself runs the model's own "
+    "hooks outside the program. Use paddle.jit.to_static(model) (the default, SOT mode), which runs "
+    "ToMe's hooks eagerly between compiled graphs, or call remove_tome()/remove_patch() before converting."
+)
 
 
 def _on(x: paddle.Tensor, like: paddle.Tensor) -> paddle.Tensor:
@@ -126,19 +179,29 @@ class PaddleBackend:
 
     # ---- module ops (tomesd.adapters) ----
     def is_compiling(self) -> bool:
-        return not paddle.in_dynamic_mode()
+        """Never: a hook that finds itself traced into a static program refuses (see _NO_AST).
+
+        SOT mode (to_static's default) calls the hooks eagerly, in dynamic mode, so they run as
+        in eager mode; only AST tracing and paddle.enable_static() reach the error.
+        """
+        if in_to_static_mode() or not paddle.in_dynamic_mode():
+            raise RuntimeError(_NO_AST)
+        return False
 
     def grad_enabled(self) -> bool:
         return paddle.is_grad_enabled()
+
+    def reset_compiled(self) -> None:
+        pass  # SOT guards layer dicts, hook tables included: a patch change re-traces by itself
 
     def named_modules(self, module: paddle.nn.Layer) -> Iterator[Tuple[str, paddle.nn.Layer]]:
         return module.named_sublayers(include_self=True)
 
     def add_pre_hook(self, module: paddle.nn.Layer, hook: Callable) -> Any:
-        return module.register_forward_pre_hook(hook, with_kwargs=True)
+        return module.register_forward_pre_hook(LayerHook(hook), with_kwargs=True)
 
     def add_post_hook(self, module: paddle.nn.Layer, hook: Callable, always_call: bool = False) -> Any:
-        return module.register_forward_post_hook(hook, always_call=always_call)
+        return module.register_forward_post_hook(LayerHook(hook), always_call=always_call)
 
 
 backend = PaddleBackend()
