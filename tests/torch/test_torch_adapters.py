@@ -179,7 +179,12 @@ def test_concurrent_calls_at_two_resolutions_equal_sequential_ones(sd1_unet, use
     jobs = [T.unet_inputs(2, 16, 16, seed=5), T.unet_inputs(2, 24, 20, seed=6)]
     tomesd.apply_patch(sd1_unet, ratio=0.5, use_rand=use_rand, seed=4)
     try:
+        seen = []
+        block = next(m for m in sd1_unet.modules() if type(m).__name__ == "BasicTransformerBlock")
+        handle = block.attn1.to_q.register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[1]))
         expected = [forward(sd1_unet, job) for job in jobs]
+        handle.remove()
+        assert seen == [16 * 16 // 2, 24 * 20 // 2]  # both resolutions merge
         results, errors = {}, []
 
         def worker(i):
@@ -315,3 +320,129 @@ def test_a_rejected_call_leaves_an_enclosing_call_intact(sd1_unet, bad_call):
         patch._threads.stack.clear()
     finally:
         tomesd.remove_patch(sd1_unet)
+
+
+# A UNet with SD's four levels: attention at levels 1, 2 and 4, and in the mid block at level 8.
+FOUR_LEVELS = dict(
+    T.SD1_UNET, block_out_channels=(16, 16, 32, 32),
+    down_block_types=("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
+    up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3,
+)
+
+
+def attn1_tokens(unet):
+    seen = []
+    blocks = [m for m in unet.modules() if type(m).__name__ == "BasicTransformerBlock"]
+    handles = [b.attn1.to_q.register_forward_pre_hook(lambda m, a, b=b: seen.append(a[0].shape[1])) for b in blocks]
+    return seen, handles
+
+
+@pytest.mark.parametrize("max_downsample", [1, 2, 4, 8])
+def test_every_latent_size_runs_at_every_max_downsample(max_downsample):
+    unet = T.unet(FOUR_LEVELS)
+    sizes = [(17, 24), (13, 9), (16, 16), (15, 17), (9, 31), (8, 8)]
+    tomesd.apply_patch(unet, ratio=0.5, max_downsample=max_downsample)
+    try:
+        for h, w in sizes:
+            seen, handles = attn1_tokens(unet)
+            out = forward(unet, T.unet_inputs(2, h, w))
+            for handle in handles:
+                handle.remove()
+            assert out.shape == (2, 4, h, w) and torch.isfinite(out).all()
+            tomesd.remove_patch(unet)
+            plain, handles = attn1_tokens(unet)
+            forward(unet, T.unet_inputs(2, h, w))
+            for handle in handles:
+                handle.remove()
+            tomesd.apply_patch(unet, ratio=0.5, max_downsample=max_downsample)
+            merged_levels = {p for p, q in zip(plain, seen) if q < p}
+            assert -(-h // 1) * -(-w // 1) in merged_levels  # the finest level always merges
+            if max_downsample == 8:  # every level whose grid fits the tokens merges, level 8 included
+                assert -(-h // 8) * -(-w // 8) in merged_levels or -(-h // 8) * -(-w // 8) < 2
+    finally:
+        tomesd.remove_patch(unet)
+
+
+@pytest.mark.parametrize("name", ["UNet3DConditionModel", "PriorTransformer"])
+def test_roots_whose_input_is_not_an_image_latent_are_refused_at_apply_time(name):
+    import diffusers
+
+    if name == "UNet3DConditionModel":
+        model = diffusers.UNet3DConditionModel(
+            block_out_channels=(32, 32), layers_per_block=1, cross_attention_dim=32, attention_head_dim=8,
+            norm_num_groups=8, down_block_types=("CrossAttnDownBlock3D", "DownBlock3D"),
+            up_block_types=("UpBlock3D", "CrossAttnUpBlock3D"),
+        )
+    else:
+        model = diffusers.PriorTransformer(num_attention_heads=2, attention_head_dim=8, num_layers=1, embedding_dim=16, num_embeddings=4)
+    before = module_snapshot(model)
+    with pytest.raises(TypeError, match=name):
+        tomesd.apply_patch(model)
+    assert module_snapshot(model) == before
+
+
+def test_inputs_by_keyword_equal_inputs_by_position(sd1_unet):
+    x, t, c = T.unet_inputs()
+    tomesd.apply_patch(sd1_unet, ratio=0.5)
+    try:
+        with torch.no_grad():
+            positional = sd1_unet(x, t, c).sample
+            keyword = sd1_unet(sample=x, timestep=t, encoder_hidden_states=c).sample
+            other_step = sd1_unet(sample=x, timestep=t + 7, encoder_hidden_states=c).sample
+    finally:
+        tomesd.remove_patch(sd1_unet)
+    assert torch.equal(positional, keyword)
+    assert not torch.equal(keyword, other_step)  # the keyword timestep keys the pattern
+
+
+class HintedRoot(torch.nn.Module):
+    """An LDM ControlNet's call shape: (x, hint, timesteps, context); the hint is not a timestep."""
+
+    def __init__(self, unet):
+        super().__init__()
+        self.unet = unet
+
+    def forward(self, x, hint, timesteps, context):
+        return self.unet(x + 0 * hint.mean(), timesteps, context)
+
+
+def test_the_timestep_is_found_by_the_models_own_signature():
+    root = HintedRoot(T.ldm_model().model.diffusion_model)
+    x, t, c = T.unet_inputs()
+    t = t.expand(2)
+    tomesd.apply_patch(root, ratio=0.5)
+    try:
+        with torch.no_grad():
+            outs = [root(x, torch.rand(2, 3, 8, 8, generator=torch.Generator().manual_seed(i)), t, c) for i in range(2)]
+            later = root(x, outs[0][:, :3, :8, :8] * 0, t + 5, c)
+    finally:
+        tomesd.remove_patch(root)
+    with torch.no_grad():
+        plain = root(x, torch.zeros(2, 3, 8, 8), t, c)
+    assert (outs[0] - plain).abs().max() > 1e-2
+    assert torch.equal(outs[0], outs[1])  # a different hint is not a different timestep
+    assert not torch.equal(outs[0], later)
+
+
+def test_deepcopy_and_pickle_of_patched_models_and_pipelines(tmp_path):
+    import copy
+    import pickle
+
+    pipe = T.controlnet_pipeline(tmp_path)
+    x, t, c = T.unet_inputs()
+    base = forward(pipe.unet, (x, t, c))
+    tomesd.apply_patch(pipe, ratio=0.5)
+    patched = forward(pipe.unet, (x, t, c))
+    assert (patched - base).abs().max() > 1e-2
+    for clone in (copy.deepcopy(pipe), pickle.loads(pickle.dumps(pipe))):
+        assert clone.unet is not pipe.unet
+        patch = getattr(clone.unet, PATCH_ATTR)
+        assert patch.root is clone.unet and all(b in list(clone.unet.modules()) for b in patch.blocks)
+        assert getattr(clone.controlnet, PATCH_ATTR).root is clone.controlnet
+        assert torch.equal(forward(clone.unet, (x, t, c)), patched)
+        tomesd.remove_patch(clone)
+        assert torch.equal(forward(clone.unet, (x, t, c)), base)
+        assert all(not m._forward_pre_hooks and not m._forward_hooks for m in clone.unet.modules())
+        assert not any(PATCH_ATTR in m.__dict__ for m in clone.unet.modules())
+        assert torch.equal(forward(pipe.unet, (x, t, c)), patched)  # the original stays patched
+    tomesd.remove_patch(pipe)

@@ -46,6 +46,25 @@ def _expand(component: Any) -> List[Any]:
     return [component]
 
 
+def _compiled(obj: Any) -> bool:
+    """Whether `obj` holds a torch.compile'd denoiser (a wrapper, or a module compiled in place)."""
+    items = list(obj.components.values()) if "DiffusionPipeline" in class_names(obj) and hasattr(obj, "components") else [obj]
+    while items:
+        item = items.pop()
+        if isinstance(item, (list, tuple)):
+            items.extend(item)
+        elif "OptimizedModule" in class_names(item) or getattr(item, "_compiled_call_impl", None) is not None:
+            return True
+    return False
+
+
+def _after_change(obj: Any, models: List[Any]) -> None:
+    # Dynamo does not guard on module hooks: code compiled before a patch (or its removal) would
+    # go on running the old hooks, so compiled code is dropped and recompiles on its next call.
+    if models and _compiled(obj):
+        module_ops(framework_of(models[0])).reset_compiled()
+
+
 def candidate_models(obj: Any) -> List[Any]:
     """The models of `obj` that may hold a denoiser; TypeError for an object we do not know."""
     if "DiffusionPipeline" in class_names(obj) and hasattr(obj, "components"):
@@ -105,6 +124,7 @@ def apply(obj: Any, args: Any) -> Tuple[Any, List[Any]]:
     remove(obj)
     for patch in patches:
         patch.install()
+    _after_change(obj, [patch.root for patch in patches])
     return obj, [patch.root for patch in patches]
 
 
@@ -113,4 +133,5 @@ def remove(obj: Any) -> Tuple[Any, List[Any]]:
     patches = installed_patches(obj)
     for patch in patches:
         patch.remove()
+    _after_change(obj, [patch.root for patch in patches])
     return obj, [patch.root for patch in patches]

@@ -22,7 +22,12 @@ class TorchBackend:
         return torch.no_grad()
 
     def shape(self, x: torch.Tensor) -> Tuple[int, ...]:
-        return tuple(x.shape)
+        # Plain ints, and under torch.compile a static tensor: each resolution is one static graph.
+        # (A dynamic-shape trace would guard on the token count, an expression of the latent size
+        # that dynamo's sympy takes minutes to simplify.)
+        if torch.compiler.is_compiling():
+            torch._dynamo.mark_static(x)
+        return tuple(int(d) for d in x.shape)
 
     def arange(self, n: int, like: torch.Tensor, step: int = 1) -> torch.Tensor:
         return torch.arange(0, n, step, device=like.device, dtype=torch.int64)
@@ -100,6 +105,9 @@ class TorchBackend:
 
     def grad_enabled(self) -> bool:
         return torch.is_grad_enabled()
+
+    def reset_compiled(self) -> None:
+        torch.compiler.reset()
 
     def named_modules(self, module: torch.nn.Module) -> Iterator[Tuple[str, torch.nn.Module]]:
         return module.named_modules()

@@ -1,0 +1,193 @@
+"""Patched models under torch.compile, on the meta device, and counted op by op.
+
+The per-call path must be one graph (no breaks, no recompiles across denoising steps), read no
+tensor value on the host (the meta device has none to read), and launch no more kernels than
+tomesd does. Compiles use the aot_eager backend (graph structure, exact numbers) except one
+inductor check.
+"""
+from collections import Counter
+
+import pytest
+import torch
+import torch._dynamo
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import tiny_torch as T
+import tomesd
+from references import load_tomesd_ref
+from tomesd.adapters.hooks import PATCH_ATTR
+
+LAYOUTS = {"sd1": T.SD1_UNET, "sdxl": T.SDXL_UNET}
+STEPS = (999.0, 500.0, 21.0)  # a scheduler's timesteps, passed as 0-d tensors as pipelines do
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class CountingBackend:
+    """A dynamo backend that counts the graphs with any op it is given, and runs them as traced."""
+
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += any(node.op.startswith("call_") for node in gm.graph.nodes)
+        return gm.forward
+
+
+def run(model, x, t, c):
+    with torch.no_grad():
+        return model(x, t, c).sample
+
+
+def self_attn_tokens(unet):
+    """Tokens entering each self-attention's to_q, per call (after any merge)."""
+    seen = []
+    blocks = [m for m in unet.modules() if type(m).__name__ == "BasicTransformerBlock"]
+    handles = [b.attn1.to_q.register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[1])) for b in blocks]
+    return seen, handles
+
+
+@pytest.mark.parametrize("layout,seed", [("sd1", None), ("sdxl", 3)], ids=["sd1-default-seed", "sdxl-seed"])
+def test_patched_unet_traces_as_one_graph(layout, seed):
+    unet = T.unet(LAYOUTS[layout])
+    x, t, c = T.unet_inputs()
+    tomesd.apply_patch(unet, ratio=0.5, seed=seed)  # use_rand on, as by default
+    with torch.no_grad():
+        explained = torch._dynamo.explain(unet)(x, t, c)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    traced = {str(op) for graph_ops in explained.ops_per_graph for op in graph_ops}
+    assert any("argsort" in op or "sort" in op for op in traced)  # the matching is in the graph
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_denoising_loop_compiles_once_and_equals_eager(layout):
+    unet = T.unet(LAYOUTS[layout])
+    x, _, c = T.unet_inputs()
+    steps = [torch.tensor(t) for t in STEPS]
+    plain = [run(unet, x, t, c) for t in steps]
+    tomesd.apply_patch(unet, ratio=0.5)
+    eager = [run(unet, x, t, c) for t in steps]
+    backend = CountingBackend()
+    compiled = torch.compile(unet, fullgraph=True, backend=backend)
+    outs = [run(compiled, x, steps[0], c)]
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        outs += [run(compiled, x, t, c) for t in steps[1:]]
+    assert backend.graphs == 1
+    for out, ref, base in zip(outs, eager, plain):
+        assert (ref - base).abs().max() > 1e-2  # ToMe acts at every step
+        assert torch.equal(out, ref)
+
+
+def test_a_second_resolution_costs_at_most_one_more_compile():
+    unet = T.unet()
+    tomesd.apply_patch(unet, ratio=0.5)
+    backend = CountingBackend()
+    compiled = torch.compile(unet, backend=backend)
+    (x, _, c), x2 = T.unet_inputs(), T.unet_inputs(2, 24, 16)[0]
+    seen, handles = self_attn_tokens(unet)
+    eager2 = run(unet, x2, torch.tensor(STEPS[0]), c)
+    merged_tokens = list(seen)
+    for handle in handles:
+        handle.remove()
+    for t in STEPS:
+        run(compiled, x, torch.tensor(t), c)
+    for t in STEPS:
+        out2 = run(compiled, x2, torch.tensor(t), c)
+    run(compiled, x, torch.tensor(STEPS[0]), c)
+    assert backend.graphs <= 2
+    assert merged_tokens[0] == 24 * 16 // 2  # the second resolution merges too
+    assert torch.allclose(run(compiled, x2, torch.tensor(STEPS[0]), c), eager2, atol=1e-5)
+    assert out2.shape == x2.shape
+
+
+def test_inductor_output_equals_eager():
+    unet = T.unet()
+    x, t, c = T.unet_inputs()
+    base = run(unet, x, t, c)
+    tomesd.apply_patch(unet, ratio=0.5)
+    eager = run(unet, x, t, c)
+    compiled = run(torch.compile(unet, fullgraph=True), x, t, c)
+    effect = (eager - base).abs().max().item()
+    assert effect > 1e-2
+    assert (compiled - eager).abs().max().item() < effect / 1000
+
+
+def test_pipeline_with_compiled_unet_after_apply_patch(tmp_path):
+    pipe = T.controlnet_pipeline(tmp_path)
+    tomesd.apply_patch(pipe, ratio=0.5)
+    eager = T.run_pipeline(pipe)
+    pipe.unet = torch.compile(pipe.unet, fullgraph=True, backend="aot_eager")
+    assert abs(T.run_pipeline(pipe) - eager).max() < 1e-5
+    tomesd.remove_patch(pipe)  # finds the patch inside the compiled wrapper
+    assert getattr(pipe.unet._orig_mod, PATCH_ATTR, None) is None
+
+
+def test_patching_an_already_compiled_model_patches_what_it_runs():
+    unet = T.unet()
+    x, t, c = T.unet_inputs()
+    compiled = torch.compile(unet, fullgraph=True, backend="aot_eager")
+    base = run(compiled, x, t, c)
+    tomesd.apply_patch(compiled, ratio=0.5)
+    assert getattr(unet, PATCH_ATTR, None) is not None
+    patched = run(compiled, x, t, c)
+    assert (patched - base).abs().max() > 1e-2
+    assert torch.equal(patched, run(unet, x, t, c))
+    tomesd.remove_patch(compiled)
+    assert torch.equal(run(compiled, x, t, c), base)
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_forward_on_the_meta_device_reads_no_tensor_value(layout):
+    """Any host read (.item(), .tolist(), .numpy(), a data-dependent branch) fails on meta tensors."""
+    from diffusers import UNet2DConditionModel
+
+    with torch.device("meta"):
+        unet = UNet2DConditionModel(**LAYOUTS[layout]).eval()
+        x, c = torch.randn(2, 4, 16, 16), torch.randn(2, 7, 32)
+        timesteps = [torch.tensor(500.0), torch.tensor([500, 500])]
+    tomesd.apply_patch(unet, ratio=0.5)
+    seen, handles = self_attn_tokens(unet)
+    for t in timesteps:
+        assert run(unet, x, t, c).shape == x.shape
+    for handle in handles:
+        handle.remove()
+    finest = 16 * 16 if layout == "sd1" else 8 * 8
+    assert seen[0] == finest // 2  # merged, not skipped
+
+
+class OpCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_no_more_kernels_than_tomesd(layout):
+    """Ops dispatched per forward (each a kernel launch on a GPU), use_rand on."""
+    ref = load_tomesd_ref()
+    unet = T.unet(LAYOUTS[layout])
+    x, t, c = T.unet_inputs()
+
+    def count():
+        with torch.no_grad(), OpCounter() as counter:
+            unet(x, t, c)
+        return sum(counter.ops.values())
+
+    base = count()
+    tomesd.apply_patch(unet, ratio=0.5)
+    ours = count() - base
+    tomesd.remove_patch(unet)
+    ref.apply_patch(unet, ratio=0.5, max_downsample=1 if layout == "sd1" else 2)
+    theirs = count() - base
+    ref.remove_patch(unet)
+    print(f"{layout}: ops added per forward: ours {ours}, tomesd {theirs}")
+    assert theirs > 0 and 0 < ours <= theirs
