@@ -105,16 +105,34 @@ def test_a_second_resolution_costs_at_most_one_more_compile():
     assert out2.shape == x2.shape
 
 
-def test_inductor_output_equals_eager():
-    unet = T.unet()
-    x, t, c = T.unet_inputs()
-    base = run(unet, x, t, c)
+INDUCTOR_CHECK = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+import tiny_torch as T, tomesd
+unet = T.unet()
+x, t, c = T.unet_inputs()
+with torch.no_grad():
+    base = unet(x, t, c).sample
     tomesd.apply_patch(unet, ratio=0.5)
-    eager = run(unet, x, t, c)
-    compiled = run(torch.compile(unet, fullgraph=True), x, t, c)
-    effect = (eager - base).abs().max().item()
+    eager = unet(x, t, c).sample
+    compiled = torch.compile(unet, fullgraph=True)(x, t, c).sample
+print((eager - base).abs().max().item(), (compiled - eager).abs().max().item())
+"""
+
+
+def test_inductor_output_equals_eager():
+    """In a fresh process: inductor's import fails in a process where earlier tests of the paddle
+    environment have run (torch.iinfo on a dtype table), which says nothing about ToMe."""
+    import os
+    import subprocess
+    import sys
+
+    tests_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", INDUCTOR_CHECK, tests_dir], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    effect, error = map(float, out.stdout.split())
     assert effect > 1e-2
-    assert (compiled - eager).abs().max().item() < effect / 1000
+    assert error < effect / 1000
 
 
 def test_pipeline_with_compiled_unet_after_apply_patch(tmp_path):

@@ -270,11 +270,7 @@ def test_controlnet_pipeline_patched_end_to_end(tmp_path, num_controlnets):
     assert (T.run_pipeline(pipe, num_controlnets) == base).all()
 
 
-def test_newer_block_variant_runs_unchanged_where_tomesd_copy_is_wrong():
-    """PixArt's blocks (norm_type ada_norm_single): tomesd's copied forward is an old diffusers
-    forward that drops the adaptive scale/shift (and, on diffusers that build these blocks without
-    norm3, fails outright), so even merging nothing breaks the output; our hooks leave the block's
-    own forward in charge."""
+def pixart():
     from diffusers import PixArtTransformer2DModel
 
     model = T.randomize_(PixArtTransformer2DModel(
@@ -289,6 +285,15 @@ def test_newer_block_variant_runs_unchanged_where_tomesd_copy_is_wrong():
         with torch.no_grad():
             return model(x, encoder_hidden_states=text, timestep=t, added_cond_kwargs={"resolution": None, "aspect_ratio": None}).sample
 
+    return model, run
+
+
+def test_newer_block_variant_runs_unchanged_where_tomesd_copy_is_wrong():
+    """PixArt's blocks (norm_type ada_norm_single): tomesd's copied forward is an old diffusers
+    forward that drops the adaptive scale/shift (and, on diffusers that build these blocks without
+    norm3, fails outright), so even merging nothing breaks the output; our hooks leave the block's
+    own forward in charge."""
+    model, run = pixart()
     base = run()
     try:
         tomesd_r0 = with_tomesd(model, run, ratio=0.0, max_downsample=2, use_rand=False)
@@ -296,8 +301,42 @@ def test_newer_block_variant_runs_unchanged_where_tomesd_copy_is_wrong():
     except AttributeError as exc:  # tomesd's gap on diffusers 0.42: its copy needs a norm3
         assert "norm3" in str(exc)
     assert torch.equal(with_ours(model, run, ratio=0.0), base)
-    merged = with_ours(model, run, ratio=0.5, use_rand=False)  # patchified tokens: level 2 is the finest
-    assert torch.isfinite(merged).all() and (merged - base).abs().max().item() > 1e-3
+
+
+def test_newer_block_variant_equals_its_own_math_with_merge_placed_by_hand():
+    """The patched PixArt block equals the block's own forward with attn1 wrapped by hand in
+    merge -> attention -> unmerge, the merge computed from the block's input as tomesd does."""
+    from tome_core import bipartite_soft_matching_random2d
+
+    model, run = pixart()
+    block = next(m for m in model.modules() if type(m).__name__ == "BasicTransformerBlock")
+    captured = {}
+    pre = block.register_forward_pre_hook(lambda m, a, k: captured.update(args=a, kwargs=k), with_kwargs=True)
+    post = block.register_forward_hook(lambda m, a, out: captured.setdefault("outs", []).append(out))
+    base = run()
+    tomesd.apply_patch(model, ratio=0.5, use_rand=False)  # patchified 4x4 tokens: the finest level is 2
+    patched = run()
+    tomesd.remove_patch(model)
+    pre.remove()
+    post.remove()
+    plain_out, patched_out = captured["outs"]
+    args, kwargs = captured["args"], captured["kwargs"]
+    tokens = args[0] if args else kwargs["hidden_states"]
+    merge, unmerge = bipartite_soft_matching_random2d(tokens, 4, 4, 2, 2, 8, no_rand=True)
+    attn1 = block.attn1
+
+    class ByHand(torch.nn.Module):
+        def forward(self, hidden_states, *a, **k):
+            return unmerge(attn1(merge(hidden_states), *a, **k))
+
+    block.attn1 = ByHand()
+    try:
+        with torch.no_grad():
+            by_hand = block(*args, **kwargs)
+    finally:
+        block.attn1 = attn1
+    assert (patched_out - plain_out).abs().max() > 1e-2 and (patched - base).abs().max() > 1e-3
+    assert (patched_out - by_hand).abs().max() < 1e-5
 
 
 @pytest.mark.parametrize("bad_call", ["not-a-latent", "no-latent"])

@@ -80,7 +80,6 @@ class TorchKit(_Kit):
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise MissingBackend("--device cuda: torch sees no CUDA device")
         self.dtype, self.dtype_name = getattr(torch, dtype), dtype
-        torch.set_grad_enabled(False)
 
     def build(self, config: str, seed: int) -> Any:
         from diffusers import UNet2DConditionModel
@@ -99,7 +98,8 @@ class TorchKit(_Kit):
         return x.to(self.device, self.dtype), self.torch.tensor(500, device=self.device), c.to(self.device, self.dtype)
 
     def forward(self, model: Any, inputs: Tuple[Any, ...]) -> Any:
-        return model(*inputs).sample
+        with self.torch.no_grad():  # scoped: the caller's grad mode is left as it was
+            return model(*inputs).sample
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -196,7 +196,6 @@ class PaddleKit(_Kit):
             raise MissingBackend("--device gpu: this paddle build has no CUDA (install paddlepaddle-gpu)")
         paddle.set_device("gpu" if self.gpu else "cpu")
         self.dtype = self.dtype_name = dtype
-        paddle.set_grad_enabled(False)
 
     def build(self, config: str, seed: int) -> Any:
         from ppdiffusers import UNet2DConditionModel
@@ -219,7 +218,8 @@ class PaddleKit(_Kit):
         return cast(x), self.paddle.to_tensor(500), cast(c)
 
     def forward(self, model: Any, inputs: Tuple[Any, ...]) -> Any:
-        return model(*inputs).sample
+        with self.paddle.no_grad():  # scoped: the caller's grad mode is left as it was
+            return model(*inputs).sample
 
     def sync(self) -> None:
         if self.gpu:
