@@ -37,10 +37,7 @@ def apply_patch(
       the global RNG is never read.
     Raises ValueError / TypeError, with `model` unchanged, for bad arguments or objects.
     """
-    args = ToMeArgs(
-        ratio=ratio, max_downsample=max_downsample, sx=sx, sy=sy, use_rand=use_rand,
-        merge_attn=merge_attn, merge_crossattn=merge_crossattn, merge_mlp=merge_mlp, seed=seed,
-    )
+    args = ToMeArgs(ratio, max_downsample, sx, sy, use_rand, merge_attn, merge_crossattn, merge_mlp, seed)
     return targets.apply(model, args)[0]
 
 

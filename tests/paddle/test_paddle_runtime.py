@@ -262,3 +262,24 @@ def test_to_static_default_mode_runs_tome_as_dynamic_mode(small_unet, inputs):
         np.testing.assert_allclose(infer(static, x, t, c), expected, atol=1e-6)
     unet.remove_tome()
     np.testing.assert_allclose(infer(static, x, t1, c), base, atol=1e-6)
+
+
+def test_a_paddle_without_the_needed_layer_hooks_gets_a_clear_error(monkeypatch):
+    """Paddle before 3.2 has no always_call/with_kwargs layer hooks: refused by name and version."""
+    import importlib
+
+    import paddle
+
+    import tomesd.backends.paddle as backend_module
+
+    def old_register_forward_post_hook(self, hook):
+        raise AssertionError("not to be called")
+
+    monkeypatch.setattr(paddle.nn.Layer, "register_forward_post_hook", old_register_forward_post_hook)
+    with pytest.raises(ImportError, match=r"paddlepaddle>=3\.2"):
+        importlib.reload(backend_module)
+    monkeypatch.undo()
+    importlib.reload(backend_module)
+    from tome_core.backend import _LOADED
+
+    _LOADED["paddle"] = backend_module.backend

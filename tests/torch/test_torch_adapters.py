@@ -485,3 +485,22 @@ def test_deepcopy_and_pickle_of_patched_models_and_pipelines(tmp_path):
         assert not any(PATCH_ATTR in m.__dict__ for m in clone.unet.modules())
         assert torch.equal(forward(pipe.unet, (x, t, c)), patched)  # the original stays patched
     tomesd.remove_patch(pipe)
+
+
+def test_nothing_computed_outlives_the_call_or_the_patch():
+    """No module-wide cache: after a patched call and remove_patch, no index tensor of ToMe's is alive."""
+    import gc
+
+    def live_int64_tensors():
+        gc.collect()
+        return sum(1 for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.dtype == torch.int64)
+
+    unet = T.unet()
+    inputs = T.unet_inputs(2, 20, 12)  # a grid no other test uses, so nothing of it can be cached yet
+    before = live_int64_tensors()
+    for use_rand in (False, True):
+        tomesd.apply_patch(unet, ratio=0.5, use_rand=use_rand)
+        out = forward(unet, inputs)
+        tomesd.remove_patch(unet)
+    del out
+    assert live_int64_tensors() == before

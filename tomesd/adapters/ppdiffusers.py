@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import importlib.abc
 import importlib.util
+import inspect
 import sys
 import threading
 from typing import Any, Iterator, List, Optional, Tuple, Union
@@ -24,31 +25,26 @@ _lock = threading.Lock()
 BUILTIN: dict = {}
 
 
-def apply_tome(
-    model_or_pipe: Any,
-    ratio: float = 0.5,
-    max_downsample: Optional[int] = None,
-    sx: int = 2,
-    sy: int = 2,
-    use_rand: bool = True,
-    merge_attn: bool = True,
-    merge_crossattn: bool = False,
-    merge_mlp: bool = False,
-    *,
-    seed: Optional[int] = None,
-) -> Any:
-    """ppdiffusers' `apply_tome`, served by this project: same arguments and the same ratio limit.
-
-    See `tomesd.apply_patch` for the arguments; max_downsample=None merges at the finest level
-    that has attention (1 on SD1/SD2, as ppdiffusers' default of 1).
+def apply_tome(model_or_pipe: Any, *args: Any, **kwargs: Any) -> Any:
+    """ppdiffusers' `apply_tome`, served by this project: `tomesd.apply_patch`'s arguments (its
+    signature, below) and ppdiffusers' ratio limit. max_downsample=None merges at the finest level
+    that has attention (1 on SD1/SD2, as ppdiffusers' default of 1). Without `seed`, the random dst
+    pattern uses the fixed tome_core.DEFAULT_SEED (0): deterministic, the same as on torch.
     """
-    args = ToMeArgs(
-        ratio=ratio, max_downsample=max_downsample, sx=sx, sy=sy, use_rand=use_rand,
-        merge_attn=merge_attn, merge_crossattn=merge_crossattn, merge_mlp=merge_mlp, seed=seed,
-    )
+    args = ToMeArgs(*args, **kwargs)  # the argument list lives once, in ToMeArgs' fields
     if args.ratio >= 1 - 1 / (args.sx * args.sy):
         raise ValueError(f"The tome ratio must be less than {1 - 1 / (args.sx * args.sy)} !")
     return targets.apply(model_or_pipe, args)[0]
+
+
+def _signature_of_apply_patch() -> inspect.Signature:
+    from ..patch import apply_patch
+
+    params = list(inspect.signature(apply_patch).parameters.values())
+    return inspect.Signature([inspect.Parameter("model_or_pipe", inspect.Parameter.POSITIONAL_OR_KEYWORD)] + params[1:])
+
+
+apply_tome.__signature__ = _signature_of_apply_patch()  # type: ignore[attr-defined]
 
 
 def remove_tome(model_or_pipe: Any, only_return_self: bool = True) -> Union[Any, Tuple[Any, List[Any]]]:
