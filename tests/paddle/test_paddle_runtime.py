@@ -264,6 +264,34 @@ def test_to_static_default_mode_runs_tome_as_dynamic_mode(small_unet, inputs):
     np.testing.assert_allclose(infer(static, x, t1, c), base, atol=1e-6)
 
 
+@pytest.mark.parametrize("layout", ["sd1", "sdxl"])
+def test_default_patch_is_deterministic_across_save_load_and_the_global_rng(tmp_path, inputs, layout):
+    """Default arguments (random dst, no seed): the same outputs across calls, after paddle's global RNG
+    has drawn, and from a model saved and loaded again and patched the same way; seed 1 differs."""
+    from ppdiffusers import UNet2DConditionModel
+
+    import tiny_torch as T
+
+    model = P.unet(tmp_path / "a", T.SD1_UNET if layout == "sd1" else T.SDXL_UNET)
+    x, t, c, _ = inputs
+    plain = infer(model, x, t, c)
+    tomesd.apply_patch(model, ratio=0.5)
+    first = infer(model, x, t, c)
+    paddle.seed(123)
+    paddle.rand([100])
+    assert np.array_equal(infer(model, x, t, c), first)
+    assert np.abs(first - plain).max() > 1e-2
+    tomesd.remove_patch(model)
+    model.save_pretrained(str(tmp_path / "saved"))
+    loaded = UNet2DConditionModel.from_pretrained(str(tmp_path / "saved"))
+    loaded.eval()
+    paddle.rand([7])
+    tomesd.apply_patch(loaded, ratio=0.5)
+    assert np.array_equal(infer(loaded, x, t, c), first)
+    tomesd.apply_patch(loaded, ratio=0.5, seed=1)
+    assert not np.array_equal(infer(loaded, x, t, c), first)
+
+
 def test_a_paddle_without_the_needed_layer_hooks_gets_a_clear_error(monkeypatch):
     """Paddle before 3.2 has no always_call/with_kwargs layer hooks: refused by name and version."""
     import importlib

@@ -13,8 +13,8 @@ Rules the per-call path keeps (see the README's "How it runs"):
   a graph compiler traces (thread-locals break graphs; a compiled graph holds no Python state).
 - Checkpointing replays a block after its call ended: with gradients on, each block's latest merge
   is kept so the recompute merges exactly as the forward did.
-- Hooks are bound methods of the patch, so patched models deepcopy and pickle; a copy's patch
-  owns the copy's hooks.
+- Hooks are bound methods of the patch (on paddle wrapped in a plain object the backend registers),
+  so patched models deepcopy and pickle, and a copy's patch owns the copy's hooks.
 """
 from __future__ import annotations
 
