@@ -147,9 +147,6 @@ class PaddleBackend:
     def equal(self, a: paddle.Tensor, b: paddle.Tensor) -> paddle.Tensor:
         return paddle.equal(a, b)
 
-    def permute(self, x: paddle.Tensor, axes: Sequence[int]) -> paddle.Tensor:
-        return paddle.transpose(x, list(axes))
-
     def broadcast_to(self, x: paddle.Tensor, shape: Sequence[int]) -> paddle.Tensor:
         return paddle.expand(x, list(shape))
 

@@ -70,9 +70,6 @@ class TorchBackend:
     def equal(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return a == b
 
-    def permute(self, x: torch.Tensor, axes: Sequence[int]) -> torch.Tensor:
-        return x.permute(*axes)
-
     def broadcast_to(self, x: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
         return x.expand(*shape)
 
