@@ -65,7 +65,8 @@ def test_torch_and_paddle_merge_the_same_tokens(case, no_rand, dtype, tol):
         assert token_ok.all()
     else:
         assert token_ok.mean() >= 0.995, f"{(~token_ok).sum()} tokens differ"
-    if r > 0:
+    if r > 0:  # the merge acts far beyond the tolerance, so agreement is not agreement on a no-op
+        assert np.abs(out_t - as_np(f(xt))).max() > 50 * tol
         top_left = bipartite_soft_matching_random2d(xt, w, h, sx, sy, r, no_rand=True)[0](xt)
         if not no_rand and min(h // sy, w // sx) > 1:
             assert not torch.equal(merged_t, top_left), "use_rand must change the dst choice"
