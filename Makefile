@@ -6,12 +6,17 @@ REF_TOMESD := .refs/tomesd-0.1.3/tomesd/__init__.py
 # stable-diffusion-sdkit ships the original `ldm` code; its own pins are for a whole app, hence --no-deps.
 SDKIT := stable-diffusion-sdkit==2.1.5
 BENCH_ARGS ?=
+QUALITY_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: bench demo test test-torch test-paddle envs clean
+.PHONY: bench quality demo test test-torch test-paddle envs clean
 
 bench: $(TORCH_ENV)/.ready $(REF_TOMESD)
 	$(TORCH_ENV)/bin/python -m tomesd bench $(BENCH_ARGS)
+
+# The quality yardstick: each setting's price on the project's digits UNet (weights shipped in the repo).
+quality: $(TORCH_ENV)/.ready
+	$(TORCH_ENV)/bin/python -m tomesd quality $(QUALITY_ARGS)
 
 demo: $(TORCH_ENV)/.ready
 	$(TORCH_ENV)/bin/python -m tomesd demo $(DEMO_ARGS)
@@ -24,9 +29,10 @@ test-torch: $(TORCH_ENV)/.ready $(REF_TOMESD)
 
 # (b) paddle stack with its older huggingface_hub, plus torch + diffusers 0.32 for cross-framework
 #     parity; the torch adapter tests run here too, so they cover diffusers 0.32 as well. The host
-#     model contract (peft LoRA, layerwise casting) is that of current diffusers: env (a) only.
+#     model contract (peft LoRA, layerwise casting) is that of current diffusers: env (a) only; so is
+#     the quality yardstick (a torch/diffusers model, run from env (a) by `make quality`).
 test-paddle: $(PADDLE_ENV)/.ready $(REF_TOMESD)
-	$(PADDLE_ENV)/bin/python -m pytest -q tests/core tests/torch tests/paddle --ignore=tests/torch/test_host_contract.py
+	$(PADDLE_ENV)/bin/python -m pytest -q tests/core tests/torch tests/paddle --ignore=tests/torch/test_host_contract.py --ignore=tests/torch/test_quality.py
 
 envs: $(TORCH_ENV)/.ready $(PADDLE_ENV)/.ready $(REF_TOMESD)
 

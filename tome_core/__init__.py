@@ -4,18 +4,23 @@ from . import rng
 from .matching import (
     MERGE_MODES, TokenMerge, bipartite_soft_matching_random2d, compute_merge, do_nothing, grid_partition, num_cells,
 )
+from .downsample import KVDownsample, compute_downsample
 from .rng import DEFAULT_SEED
-from .schedule import BlockPlan, ToMeArgs, block_grid, downsample_level, plan_block
+from .schedule import DOWNSAMPLE_METHODS, MODES, BlockPlan, ToMeArgs, block_grid, downsample_level, plan_block
 
 __all__ = [
     "Backend",
     "BlockPlan",
     "DEFAULT_SEED",
+    "DOWNSAMPLE_METHODS",
+    "KVDownsample",
+    "MODES",
     "MERGE_MODES",
     "ToMeArgs",
     "TokenMerge",
     "bipartite_soft_matching_random2d",
     "block_grid",
+    "compute_downsample",
     "compute_merge",
     "do_nothing",
     "downsample_level",

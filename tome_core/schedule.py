@@ -8,41 +8,112 @@ from typing import Optional, Tuple
 from .rng import DEFAULT_SEED
 
 
+MODES = ("merge", "downsample")
+DOWNSAMPLE_METHODS = ("nearest", "avg")
+# What each mode means by default. A field left None takes its mode's default; a field given for a
+# mode that has no use for it is refused (see ToMeArgs.__post_init__).
+_MERGE_DEFAULTS = dict(ratio=0.5, sx=2, sy=2, use_rand=True, merge_attn=True, merge_crossattn=False,
+                       merge_mlp=False, reuse_steps=1, share_across_blocks=False)
+_DOWNSAMPLE_DEFAULTS = dict(downsample_factor=2, downsample_method="nearest")
+
+
 @dataclass(frozen=True)
 class ToMeArgs:
-    """The user's settings, validated once, before anything is patched."""
+    """The user's settings, validated once, before anything is patched.
 
-    ratio: float = 0.5
+    The first nine fields are tomesd's, in tomesd's order. `mode="merge"` is exact ToMe (with
+    `reuse_steps` / `share_across_blocks` reusing its matching); `mode="downsample"` gives
+    self-attention keys and values from the block's token grid downsampled by
+    `downsample_factor` per side (ToDo), queries untouched.
+    """
+
+    ratio: Optional[float] = None
     max_downsample: Optional[int] = None  # None: the finest level that has attention
-    sx: int = 2
-    sy: int = 2
-    use_rand: bool = True
-    merge_attn: bool = True
-    merge_crossattn: bool = False
-    merge_mlp: bool = False
+    sx: Optional[int] = None
+    sy: Optional[int] = None
+    use_rand: Optional[bool] = None
+    merge_attn: Optional[bool] = None
+    merge_crossattn: Optional[bool] = None
+    merge_mlp: Optional[bool] = None
     seed: Optional[int] = None
+    mode: str = "merge"
+    downsample_factor: Optional[int] = None
+    downsample_method: Optional[str] = None
+    reuse_steps: Optional[int] = None
+    share_across_blocks: Optional[bool] = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.ratio, bool) or not isinstance(self.ratio, (int, float)) or not 0 <= self.ratio <= 1:
-            raise ValueError(f"ratio must be a number in [0, 1] (the fraction of tokens to merge away), got {self.ratio!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        own, other = (
+            (_MERGE_DEFAULTS, _DOWNSAMPLE_DEFAULTS) if self.mode == "merge" else (_DOWNSAMPLE_DEFAULTS, _MERGE_DEFAULTS)
+        )
+        given = [name for name in other if getattr(self, name) is not None]
+        if self.mode == "downsample" and self.seed is not None:
+            given.append("seed")
+        if given:
+            raise ValueError(
+                f"{', '.join(given)} {'has' if len(given) == 1 else 'have'} no meaning with mode={self.mode!r}: "
+                + ("downsampling has no ratio, dst grid, random pattern or matching to reuse; it always "
+                   "downsamples self-attention's keys and values" if self.mode == "downsample"
+                   else "downsample_factor and downsample_method belong to mode='downsample'")
+            )
+        for name, default in own.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, default)
         if self.max_downsample is not None and (not _is_int(self.max_downsample) or self.max_downsample < 1):
             raise ValueError(
                 f"max_downsample must be a positive int (1, 2, 4 or 8 for SD) or None, got {self.max_downsample!r}"
             )
+        if self.mode == "downsample":
+            self._check_downsample()
+        else:
+            self._check_merge()
+
+    def _check_merge(self) -> None:
+        if isinstance(self.ratio, bool) or not isinstance(self.ratio, (int, float)) or not 0 <= self.ratio <= 1:
+            raise ValueError(f"ratio must be a number in [0, 1] (the fraction of tokens to merge away), got {self.ratio!r}")
         for name in ("sx", "sy"):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"{name} must be a positive int (the dst stride in tokens), got {value!r}")
-        for name in ("use_rand", "merge_attn", "merge_crossattn", "merge_mlp"):
+        for name in ("use_rand", "merge_attn", "merge_crossattn", "merge_mlp", "share_across_blocks"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.seed is not None and not _is_int(self.seed):
             raise TypeError(f"seed must be an int or None, got {self.seed!r}")
+        if not _is_int(self.reuse_steps) or self.reuse_steps < 1:
+            raise ValueError(
+                f"reuse_steps must be a positive int (1: match at every denoising step), got {self.reuse_steps!r}"
+            )
+        if (self.reuse_steps > 1 or self.share_across_blocks) and not (
+            self.merge_attn or self.merge_crossattn or self.merge_mlp
+        ):
+            raise ValueError("reuse_steps / share_across_blocks reuse a merge, but nothing merges (merge_attn, "
+                             "merge_crossattn and merge_mlp are all False)")
+
+    def _check_downsample(self) -> None:
+        if not _is_int(self.downsample_factor) or self.downsample_factor < 1:
+            raise ValueError(
+                f"downsample_factor must be a positive int (per side; 2 keeps 1/4 of the keys), got {self.downsample_factor!r}"
+            )
+        if self.downsample_method not in DOWNSAMPLE_METHODS:
+            raise ValueError(f"downsample_method must be one of {DOWNSAMPLE_METHODS}, got {self.downsample_method!r}")
 
     @property
     def rand_seed(self) -> int:
         """The seed of the random dst pattern: the user's, else the fixed DEFAULT_SEED."""
         return DEFAULT_SEED if self.seed is None else self.seed
+
+    @property
+    def steps_reused(self) -> int:
+        """Denoising steps one matching serves (1: none reused; always 1 when downsampling)."""
+        return self.reuse_steps if self.mode == "merge" else 1
+
+    @property
+    def reuses(self) -> bool:
+        """Whether a merge outlives the block that computed it (across steps or blocks)."""
+        return self.mode == "merge" and (self.reuse_steps > 1 or self.share_across_blocks)
 
 
 def _is_int(value: object) -> bool:
@@ -79,6 +150,7 @@ def block_grid(latent_hw: Tuple[int, int], num_tokens: int) -> Optional[Tuple[in
 
 @dataclass(frozen=True)
 class BlockPlan:
+    level: int
     w: int
     h: int
     r: int
@@ -88,11 +160,12 @@ class BlockPlan:
 def plan_block(
     args: ToMeArgs, latent_hw: Tuple[int, int], batch: int, num_tokens: int, finest_level: int
 ) -> Optional[BlockPlan]:
-    """The merge a block with `num_tokens` tokens gets, or None when it does not merge.
+    """What a block with `num_tokens` tokens gets, or None when it is left alone.
 
     `finest_level` is the level of the first attention block of the call; it stands in for
     `max_downsample` when that is None, so SD1/2 (attention at level 1) behave as tomesd's default.
-    A block whose token count fits no grid of the latent is left alone.
+    The same rule picks the blocks in every mode. A block whose token count fits no grid of the
+    latent is left alone.
     """
     grid = block_grid(latent_hw, num_tokens)
     if grid is None:
@@ -101,7 +174,10 @@ def plan_block(
     limit = finest_level if args.max_downsample is None else args.max_downsample
     if level > limit:
         return None
+    if args.mode == "downsample":
+        return BlockPlan(level=level, w=w, h=h, r=0, use_rand=False)
     return BlockPlan(
+        level=level,
         w=w,
         h=h,
         r=int(num_tokens * args.ratio),

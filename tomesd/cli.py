@@ -1,4 +1,5 @@
-"""`python -m tomesd bench` (the benchmark) and `python -m tomesd demo` (what ToMe merges, at a glance)."""
+"""`python -m tomesd bench` (the benchmark), `python -m tomesd quality` (what each setting costs in quality,
+on the project's yardstick) and `python -m tomesd demo` (what ToMe merges, at a glance)."""
 from __future__ import annotations
 
 import argparse
@@ -50,6 +51,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     from .bench.cli import add_arguments, run
 
     add_arguments(sub.add_parser("bench", help="time and measure ToMe on a UNet built from its config"))
+    from .quality import yardstick
+
+    yardstick.add_arguments(sub.add_parser("quality", help="price each setting's quality on the built-in digits yardstick"))
     d = sub.add_parser("demo", help="patch a built-in SD1.5-architecture UNet and print what merged")
     d.add_argument("--res", type=int, default=256, help="image side in pixels (latent = res/8)")
     d.add_argument("--ratio", type=float, default=0.5)
@@ -59,4 +63,6 @@ def main(argv: Optional[List[str]] = None) -> None:
     args = parser.parse_args(argv)
     if args.command == "bench":
         sys.exit(run(args))
+    if args.command == "quality":
+        sys.exit(yardstick.run(args))
     demo(args.res, args.ratio, args.batch, args.seed, args.config)

@@ -10,34 +10,55 @@ from .adapters import targets
 
 def apply_patch(
     model: Any,
-    ratio: float = 0.5,
+    ratio: Optional[float] = None,
     max_downsample: Optional[int] = None,
-    sx: int = 2,
-    sy: int = 2,
-    use_rand: bool = True,
-    merge_attn: bool = True,
-    merge_crossattn: bool = False,
-    merge_mlp: bool = False,
+    sx: Optional[int] = None,
+    sy: Optional[int] = None,
+    use_rand: Optional[bool] = None,
+    merge_attn: Optional[bool] = None,
+    merge_crossattn: Optional[bool] = None,
+    merge_mlp: Optional[bool] = None,
     *,
     seed: Optional[int] = None,
+    mode: str = "merge",
+    downsample_factor: Optional[int] = None,
+    downsample_method: Optional[str] = None,
+    reuse_steps: Optional[int] = None,
+    share_across_blocks: Optional[bool] = None,
 ) -> Any:
-    """Patch every denoiser of `model` (UNets and ControlNets, never the VAE) with Token Merging.
+    """Patch every denoiser of `model` (UNets and ControlNets, never the VAE) to reduce the tokens
+    its transformer blocks attend over.
 
     model: a diffusers or ppdiffusers pipeline, a UNet2DConditionModel / ControlNetModel /
       MultiControlNetModel (torch or paddle), or an LDM / SD v1-v2 model (`.model.diffusion_model`).
-    ratio: fraction of tokens merged away in each merging block (0.5 halves them).
-    max_downsample: merge in blocks downsampled at most this much from the latent (1, 2, 4, 8).
+    max_downsample: reduce in blocks downsampled at most this much from the latent (1, 2, 4, 8).
       None (default): the finest level that has attention, i.e. 1 on SD1/SD2, as tomesd's
-      default, and 2 on SDXL, whose full-resolution level has no attention.
-    sx, sy: stride of the dst grid; use_rand: random dst in each cell (off for odd batches).
-    merge_attn / merge_crossattn / merge_mlp: where tokens are merged.
-    seed: the seed of the random dst pattern (default None: tome_core.DEFAULT_SEED, i.e. 0). A
+      default, and 2 on SDXL, whose full-resolution level has no attention. Every mode.
+
+    mode="merge" (default): exact ToMe, tomesd's arguments and defaults.
+      ratio (0.5): fraction of tokens merged away in each merging block.
+      sx, sy (2, 2): stride of the dst grid; use_rand (True): random dst in each cell (off for odd
+      batches). merge_attn (True) / merge_crossattn (False) / merge_mlp (False): where tokens merge.
+      seed: the seed of the random dst pattern (default None: tome_core.DEFAULT_SEED, i.e. 0). A
       block's pattern is a function of the seed, the call's timestep and the block's index, so the
       same weights and inputs give the same outputs in any process, on torch and paddle alike;
       the global RNG is never read.
-    Raises ValueError / TypeError, with `model` unchanged, for bad arguments or objects.
+      reuse_steps (1): compute each block's matching at one denoising step and reuse it for the next
+      reuse_steps - 1 steps. A step is a distinct timestep value (read on the host once per call),
+      so several calls in one step share it; a new batch or token count recomputes. Eager only.
+      share_across_blocks (False): within a call, the first merging block of each level matches and
+      the later blocks of that level reuse its matching.
+    mode="downsample": token downsampling (ToDo). Self-attention takes its keys and values from the
+      block's token grid downsampled by downsample_factor per side (2); queries stay full, nothing
+      is unmerged. downsample_method: "nearest" (default; the top-left token of each cell) or "avg"
+      (the cell's mean). Deterministic; the merge-only arguments above are refused.
+    Raises ValueError / TypeError, with `model` unchanged, for bad arguments or objects, including
+    an argument the chosen mode has no use for.
     """
-    args = ToMeArgs(ratio, max_downsample, sx, sy, use_rand, merge_attn, merge_crossattn, merge_mlp, seed)
+    args = ToMeArgs(
+        ratio, max_downsample, sx, sy, use_rand, merge_attn, merge_crossattn, merge_mlp, seed,
+        mode, downsample_factor, downsample_method, reuse_steps, share_across_blocks,
+    )
     return targets.apply(model, args)[0]
 
 

@@ -51,9 +51,34 @@ def test_tiny_bench_with_compare_writes_table_json_and_plot(tmp_path, capsys):
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_modes_reuse_and_a_denoising_loop(tmp_path, capsys):
+    out_json = tmp_path / "r.json"
+    argv = TINY + ["--no-memory", "--ratios", "0.5", "--modes", "merge,downsample", "--reuse-steps", "1,2",
+                   "--steps", "3", "--compare", "--json", str(out_json)]
+    assert bench(argv) == 0
+    printed = capsys.readouterr().out
+    assert "downsample (ours)" in printed and "ToMe (ours) r=0.5 reuse 2" in printed and "loops of 3 UNet calls" in printed
+    doc = json.loads(out_json.read_text())
+    rows = {(r["method"], r["mode"], r["reuse_steps"]): r for r in doc["results"]}
+    assert set(rows) == {("baseline", "merge", 1), ("tome", "merge", 1), ("tome", "merge", 2),
+                         ("tome", "downsample", 1), ("reference", "merge", 1)}
+    down = rows[("tome", "downsample", 1)]
+    assert down["tokens"]["1"] == [768, 768 // 4]  # keys at level 1: a quarter
+    assert down["output_change"] > 0 and down["tome_time_s"] > 0
+    assert rows[("tome", "merge", 2)]["tokens"] == rows[("tome", "merge", 1)]["tokens"]
+    assert doc["settings"]["steps"] == 3
+    for row in doc["results"]:
+        assert len(row["times_s"]) == 2 and row["time_s"] > 0
+
+
 @pytest.mark.parametrize(
     "argv,message",
     [
+        (["--modes", "merge,fast"], "choose from merge, downsample"),
+        (["--reuse-steps", "0"], "each value must be at least 1"),
+        (["--reuse-steps", "3"], "needs --steps N"),
+        (["--reuse-steps", "2", "--steps", "4", "--compile"], "cannot be compiled"),
+        (["--steps", "0"], "--steps must be at least 1"),
         (["--ratios", "1.5"], "each ratio must be in (0, 1)"),
         (["--ratios", "half"], "comma-separated numbers"),
         (["--res", "100"], "multiple of 8"),

@@ -44,11 +44,11 @@ def run(model, x, t, c):
         return model(x, t, c).sample
 
 
-def self_attn_tokens(unet):
-    """Tokens entering each self-attention's to_q, per call (after any merge)."""
+def self_attn_tokens(unet, layer="to_q"):
+    """Tokens entering each self-attention's `layer`, per call (after any merge or downsampling)."""
     seen = []
     blocks = [m for m in unet.modules() if type(m).__name__ == "BasicTransformerBlock"]
-    handles = [b.attn1.to_q.register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[1])) for b in blocks]
+    handles = [getattr(b.attn1, layer).register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[1])) for b in blocks]
     return seen, handles
 
 
@@ -64,13 +64,18 @@ def test_patched_unet_traces_as_one_graph(layout, seed):
     assert any("argsort" in op or "sort" in op for op in traced)  # the matching is in the graph
 
 
+MODES = {"merge": dict(ratio=0.5), "downsample": dict(mode="downsample"),
+         "downsample-avg": dict(mode="downsample", downsample_method="avg", downsample_factor=3)}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_denoising_loop_compiles_once_and_equals_eager(layout):
+def test_denoising_loop_compiles_once_and_equals_eager(layout, mode):
     unet = T.unet(LAYOUTS[layout])
     x, _, c = T.unet_inputs()
     steps = [torch.tensor(t) for t in STEPS]
     plain = [run(unet, x, t, c) for t in steps]
-    tomesd.apply_patch(unet, ratio=0.5)
+    tomesd.apply_patch(unet, **MODES[mode])
     eager = [run(unet, x, t, c) for t in steps]
     backend = CountingBackend()
     compiled = torch.compile(unet, fullgraph=True, backend=backend)
@@ -159,8 +164,9 @@ def test_patching_an_already_compiled_model_patches_what_it_runs():
     assert torch.equal(run(compiled, x, t, c), base)
 
 
+@pytest.mark.parametrize("mode", sorted(MODES))
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_forward_on_the_meta_device_reads_no_tensor_value(layout):
+def test_forward_on_the_meta_device_reads_no_tensor_value(layout, mode):
     """Any host read (.item(), .tolist(), .numpy(), a data-dependent branch) fails on meta tensors."""
     from diffusers import UNet2DConditionModel
 
@@ -168,14 +174,15 @@ def test_forward_on_the_meta_device_reads_no_tensor_value(layout):
         unet = UNet2DConditionModel(**LAYOUTS[layout]).eval()
         x, c = torch.randn(2, 4, 16, 16), torch.randn(2, 7, 32)
         timesteps = [torch.tensor(500.0), torch.tensor([500, 500])]
-    tomesd.apply_patch(unet, ratio=0.5)
-    seen, handles = self_attn_tokens(unet)
+    tomesd.apply_patch(unet, **MODES[mode])
+    seen, handles = self_attn_tokens(unet, "to_k")
     for t in timesteps:
         assert run(unet, x, t, c).shape == x.shape
     for handle in handles:
         handle.remove()
     finest = 16 * 16 if layout == "sd1" else 8 * 8
-    assert seen[0] == finest // 2  # merged, not skipped
+    expected = {"merge": finest // 2, "downsample": finest // 4, "downsample-avg": (-(-int(finest ** 0.5) // 3)) ** 2}
+    assert seen[0] == expected[mode]  # reduced, not skipped
 
 
 class OpCounter(TorchDispatchMode):

@@ -120,7 +120,7 @@ def test_remove_restores_bit_identical_outputs_and_leaves_nothing(sd1_unet):
 @pytest.mark.parametrize(
     "bad",
     [dict(ratio=1.5), dict(ratio=-0.1), dict(ratio="0.5"), dict(sx=0), dict(sy=2.5), dict(max_downsample=0),
-     dict(use_rand="no"), dict(merge_attn=None), dict(seed=1.5)],
+     dict(use_rand="no"), dict(merge_attn=1), dict(seed=1.5)],
 )
 def test_bad_arguments_raise_and_leave_the_patch_in_place(sd1_unet, bad):
     inputs = T.unet_inputs()

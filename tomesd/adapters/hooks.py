@@ -15,6 +15,13 @@ Rules the per-call path keeps (see the README's "How it runs"):
   is kept so the recompute merges exactly as the forward did.
 - Hooks are bound methods of the patch (on paddle wrapped in a plain object the backend registers),
   so patched models deepcopy and pickle, and a copy's patch owns the copy's hooks.
+- Matches reused across denoising steps (reuse_steps > 1) are the one state that outlives a call:
+  owned by the patch, per thread (one thread runs one denoising loop), dropped when k steps have
+  passed, when the token count or batch changes, on remove, and never copied.
+
+mode="downsample" hooks attn1 only: its pre-hook passes the downsampled tokens as the attention's
+own context argument (`encoder_hidden_states` / `context`), so the host's attention module and
+processor compute keys and values from them, and queries stay full.
 """
 from __future__ import annotations
 
@@ -23,7 +30,9 @@ import inspect
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from tome_core import ToMeArgs, TokenMerge, block_grid, compute_merge, num_cells, plan_block, rng
+from tome_core import (
+    KVDownsample, ToMeArgs, TokenMerge, block_grid, compute_downsample, compute_merge, num_cells, plan_block, rng,
+)
 
 from .frameworks import class_names
 
@@ -34,6 +43,9 @@ SUBLAYERS = (("attn1", "merge_attn"), ("attn2", "merge_crossattn"), ("ff", "merg
 _TOKENS = ("hidden_states", "x")
 _LATENT = ("sample", "x")
 _TIMESTEP = ("timestep", "timesteps", "t")
+_CONTEXT = ("encoder_hidden_states", "context")
+
+Plan = Any  # a TokenMerge (mode "merge") or a KVDownsample (mode "downsample"), or None
 
 
 def transformer_blocks(ops: Any, root: Any) -> List[Any]:
@@ -82,7 +94,7 @@ class InputSpec:
 class _Call:
     """What one call of a root computes; dropped when the call returns."""
 
-    __slots__ = ("latent_hw", "timestep", "key", "draws", "finest_level", "merges")
+    __slots__ = ("latent_hw", "timestep", "key", "draws", "finest_level", "merges", "shared", "step")
 
     def __init__(self) -> None:
         self.latent_hw: Optional[Tuple[int, int]] = None
@@ -90,12 +102,27 @@ class _Call:
         self.key: Any = None  # computed at the call's first random draw, inside the forward
         self.draws: Dict[int, Any] = {}  # cells per block -> [blocks, cells] dst places
         self.finest_level: Optional[int] = None  # level of the call's first attention block
-        self.merges: Dict[int, Optional[TokenMerge]] = {}
+        self.merges: Dict[int, Plan] = {}
+        self.shared: Dict[tuple, Any] = {}  # per-level results every block of the call may use
+        self.step: int = 0  # denoising step number (reuse_steps > 1), from the timestep's value
+
+
+class _Reuse:
+    """One thread's matches kept across denoising steps: a new step is a new timestep value, and a
+    new denoising run (a timestep above the last one) starts with none kept."""
+
+    __slots__ = ("last_key", "step", "kept")
+
+    def __init__(self) -> None:
+        self.last_key: Optional[int] = None
+        self.step = 0
+        self.kept: Dict[Any, Tuple[int, int, int, TokenMerge]] = {}  # key -> (step, batch, tokens, merge)
 
 
 class _ThreadCalls(threading.local):
     def __init__(self) -> None:
         self.stack: List[_Call] = []
+        self.reuse = _Reuse()
 
 
 def remove_owned_hooks(ops: Any, module: Any, owner: Any) -> None:
@@ -125,7 +152,7 @@ class ToMePatch:
     def _init_runtime(self) -> None:
         self._threads = _ThreadCalls()
         self._traced: List[_Call] = []  # the call stack while a graph compiler traces
-        self._replay: Dict[int, TokenMerge] = {}  # block index -> its latest merge, gradients on
+        self._replay: Dict[int, Plan] = {}  # block index -> its latest merge, gradients on
 
     # ---- copies: runtime state is per object and never copied ----
     def __getstate__(self) -> dict:
@@ -141,7 +168,12 @@ class ToMePatch:
     # ---- lifecycle ----
     def validate(self) -> None:
         """Raise, before anything is changed, for a block whose merge could not be computed right."""
-        if self.args.merge_mlp:
+        if self.args.steps_reused > 1 and self._timestep_spec is None:
+            raise ValueError(
+                f"reuse_steps needs the timestep input to tell denoising steps apart, and "
+                f"{type(self.root).__name__}.forward takes none of {_TIMESTEP}"
+            )
+        if self.args.mode == "merge" and self.args.merge_mlp:
             for block in self.blocks:
                 if getattr(block, "_chunk_size", None) is not None:
                     raise ValueError(_CHUNKED_FF)
@@ -153,6 +185,13 @@ class ToMePatch:
         for index, block in enumerate(self.blocks):
             self._specs[(index, "")] = InputSpec.find(block, _TOKENS, first_positional=True)
             self._hook(block, ops.add_pre_hook, functools.partial(self._enter_block, index))
+            if self.args.mode == "downsample":
+                sub = getattr(block, "attn1", None)
+                if sub is not None:
+                    self._specs[(index, "attn1")] = InputSpec.find(sub, _TOKENS, first_positional=True)
+                    self._specs[(index, "context")] = InputSpec.find(sub, _CONTEXT, first_positional=False)
+                    self._hook(sub, ops.add_pre_hook, functools.partial(self._downsample_context, index))
+                continue
             for name, flag in SUBLAYERS:
                 sub = getattr(block, name, None)
                 if sub is None or not getattr(self.args, flag):
@@ -173,6 +212,7 @@ class ToMePatch:
         self._hooked.clear()
         self._specs.clear()
         self._replay.clear()
+        self._threads = _ThreadCalls()  # drops kept matches of this thread and, with it, of all threads
         if self.root.__dict__.get(PATCH_ATTR) is self:
             delattr(self.root, PATCH_ATTR)
 
@@ -180,7 +220,7 @@ class ToMePatch:
     def _stack(self) -> List[_Call]:
         return self._traced if self.ops.is_compiling() else self._threads.stack
 
-    def _current_merge(self, index: int) -> Optional[TokenMerge]:
+    def _current_merge(self, index: int) -> Plan:
         stack = self._stack()
         if stack:
             return stack[-1].merges.get(index)
@@ -204,6 +244,8 @@ class ToMePatch:
         call.latent_hw = (shape[-2], shape[-1])
         if self._timestep_spec is not None:
             call.timestep = self._timestep_spec.get(args, kwargs)
+        if self.args.steps_reused > 1:
+            call.step = self._denoising_step(call.timestep)
         if self._replay and not ops.grad_enabled() and not ops.is_compiling():
             self._replay.clear()  # inference after training: nothing left to recompute
 
@@ -222,7 +264,27 @@ class ToMePatch:
         if merge is not None and self.ops.grad_enabled() and not self.ops.is_compiling():
             self._replay[index] = merge
 
-    def _plan_merge(self, index: int, block: Any, x: Any, call: _Call) -> Optional[TokenMerge]:
+    def _denoising_step(self, timestep: Any) -> int:
+        """This thread's denoising step number: it advances when the timestep's value changes, so
+        several calls in one step (classifier-free guidance as two calls, a ControlNet) share it."""
+        if self.ops.is_compiling():
+            raise RuntimeError(
+                "reuse_steps > 1 cannot run inside a compiled graph: telling a new denoising step from "
+                "the same one needs the timestep's value on the host. Compile with reuse_steps=1 or "
+                "mode='downsample', or run this patch eagerly."
+            )
+        if timestep is None:
+            raise ValueError("reuse_steps needs the timestep of each call, and this call passed None")
+        state = self._threads.reuse
+        key = rng.timestep_key(self.ops, self.ops.host_float(timestep))
+        if state.last_key is not None and key > state.last_key:
+            state.kept.clear()  # timesteps only fall within a run: a rise starts a new one
+        if key != state.last_key:
+            state.last_key = key
+            state.step += 1
+        return state.step
+
+    def _plan_merge(self, index: int, block: Any, x: Any, call: _Call) -> Plan:
         ops, args = self.ops, self.args
         batch, num_tokens = ops.shape(x)[:2]
         if call.finest_level is None:
@@ -233,8 +295,34 @@ class ToMePatch:
         plan = plan_block(args, call.latent_hw, batch, num_tokens, call.finest_level)
         if plan is None:
             return None
+        if args.mode == "downsample":
+            key = ("downsample", batch, plan.h, plan.w)
+            if key not in call.shared:  # the same index map for every block of the level
+                call.shared[key] = compute_downsample(
+                    ops, x, batch, plan.w, plan.h, args.downsample_factor, args.downsample_method
+                )
+            return call.shared[key]
         if args.merge_mlp and getattr(block, "_chunk_size", None) is not None:
             raise ValueError(_CHUNKED_FF)
+        if not args.reuses:
+            return self._match(index, x, plan, call)
+        # Reused matches: a block's own (or, with share_across_blocks, its level's first block's),
+        # kept for reuse_steps denoising steps while the batch and token count stay the same.
+        key = ("level", plan.level) if args.share_across_blocks else index
+        if key in call.shared:
+            return call.shared[key]
+        kept = self._threads.reuse.kept if not ops.is_compiling() else {}
+        entry = kept.get(key)
+        if entry is not None and call.step - entry[0] < args.steps_reused and entry[1:3] == (batch, num_tokens):
+            merge = entry[3]
+        else:
+            merge = self._match(index, x, plan, call)
+            kept[key] = (call.step, batch, num_tokens, merge)
+        call.shared[key] = merge
+        return merge
+
+    def _match(self, index: int, x: Any, plan: Any, call: _Call) -> Optional[TokenMerge]:
+        ops, args = self.ops, self.args
         offsets = None
         if plan.use_rand:
             cells = num_cells(plan.w, plan.h, args.sx, args.sy)
@@ -258,6 +346,21 @@ class ToMePatch:
             )
         spec = self._specs[(index, name)]
         return spec.replace(args, kwargs, merge.merge(spec.get(args, kwargs)))
+
+    def _downsample_context(self, index: int, module: Any, args: tuple, kwargs: dict):
+        down: Optional[KVDownsample] = self._current_merge(index)
+        if down is None:
+            return None
+        context = self._specs[(index, "context")]
+        if context is None or context.get(args, kwargs) is not None:
+            return None  # keys/values already come from elsewhere (only_cross_attention): nothing to downsample
+        if kwargs.get("attention_mask") is not None:
+            raise ValueError(
+                "mode='downsample' cannot shrink self-attention's keys when it is given an attention_mask "
+                "(the mask addresses every token)"
+            )
+        x = self._specs[(index, "attn1")].get(args, kwargs)
+        return context.replace(args, kwargs, down(x))
 
     def _unmerge_output(self, index: int, module: Any, args: tuple, output: Any) -> Any:
         merge = self._current_merge(index)

@@ -32,7 +32,7 @@ def apply_tome(model_or_pipe: Any, *args: Any, **kwargs: Any) -> Any:
     pattern uses the fixed tome_core.DEFAULT_SEED (0): deterministic, the same as on torch.
     """
     args = ToMeArgs(*args, **kwargs)  # the argument list lives once, in ToMeArgs' fields
-    if args.ratio >= 1 - 1 / (args.sx * args.sy):
+    if args.mode == "merge" and args.ratio >= 1 - 1 / (args.sx * args.sy):
         raise ValueError(f"The tome ratio must be less than {1 - 1 / (args.sx * args.sy)} !")
     return targets.apply(model_or_pipe, args)[0]
 

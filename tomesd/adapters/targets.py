@@ -121,6 +121,12 @@ def installed_patches(obj: Any) -> List[ToMePatch]:
 def apply(obj: Any, args: Any) -> Tuple[Any, List[Any]]:
     """Patch every denoiser of `obj` (replacing an earlier patch); returns (obj, patched models)."""
     patches = plan_patches(obj, args)
+    if args.steps_reused > 1 and _compiled(obj):
+        raise ValueError(
+            "reuse_steps > 1 cannot run in a torch.compile'd model: telling a new denoising step from the "
+            "same one reads the timestep on the host. Patch the uncompiled model, or use reuse_steps=1 or "
+            "mode='downsample'."
+        )
     remove(obj)
     for patch in patches:
         patch.install()

@@ -185,6 +185,10 @@ class PaddleBackend:
             raise RuntimeError(_NO_AST)
         return False
 
+    def host_float(self, x: Any) -> float:
+        """A scalar's value on the host (one device sync for a tensor on an accelerator)."""
+        return float(x.detach().reshape([-1])[0]) if isinstance(x, paddle.Tensor) else float(x)
+
     def grad_enabled(self) -> bool:
         return paddle.is_grad_enabled()
 

@@ -100,6 +100,10 @@ class TorchBackend:
     def is_compiling(self) -> bool:
         return torch.compiler.is_compiling()
 
+    def host_float(self, x: Any) -> float:
+        """A scalar's value on the host (one device sync for a tensor on an accelerator)."""
+        return float(x.detach().reshape(-1)[0]) if isinstance(x, torch.Tensor) else float(x)
+
     def grad_enabled(self) -> bool:
         return torch.is_grad_enabled()
 

@@ -17,6 +17,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--res", type=int, default=512, help="image side in pixels (latent = res/8); default 512")
     parser.add_argument("--batch", type=int, default=2, help="UNet batch (2 = one image with classifier-free guidance)")
     parser.add_argument("--ratios", default="0.25,0.5,0.75", help="comma-separated ToMe ratios")
+    parser.add_argument("--modes", default="merge",
+                        help="comma-separated: merge (ToMe, one row per ratio), downsample (ToDo, one row)")
+    parser.add_argument("--reuse-steps", default="1", metavar="K[,K...]",
+                        help="merge rows per ratio, one per K: matching reused for K denoising steps (use with --steps)")
+    parser.add_argument("--downsample-factor", type=int, default=2, help="per side, with --modes downsample")
+    parser.add_argument("--downsample-method", choices=["nearest", "avg"], default="nearest")
     parser.add_argument("--max-downsample", type=int, default=None,
                         help="as in apply_patch; default: the finest level with attention")
     parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
@@ -32,7 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="PATH",
                         help="a local diffusers/ppdiffusers pipeline folder: generate with and without ToMe")
     parser.add_argument("--prompt", default="a photograph of an astronaut riding a horse")
-    parser.add_argument("--steps", type=int, default=20, help="denoising steps with --model")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="time a loop of N UNet calls over distinct timesteps per configuration (default 1); "
+                             "with --model: denoising steps (default 20)")
     parser.add_argument("--grid", metavar="PATH", default="bench-out/grid.png", help="image grid written with --model")
     parser.add_argument("--compile", action="store_true",
                         help="torch only: time a torch.compile'd UNet per configuration (first call reported apart)")
@@ -99,6 +107,24 @@ def _ratios(text: str) -> List[float]:
     return ratios
 
 
+def _ints(text: str, option: str) -> List[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"{option} {text!r}: expected comma-separated integers") from None
+    if not values or any(v < 1 for v in values):
+        raise ValueError(f"{option} {text!r}: each value must be at least 1")
+    return values
+
+
+def _modes(text: str) -> List[str]:
+    modes = [part.strip() for part in text.split(",") if part.strip()]
+    bad = [m for m in modes if m not in ("merge", "downsample")]
+    if not modes or bad:
+        raise ValueError(f"--modes {text!r}: choose from merge, downsample")
+    return modes
+
+
 def run(args: argparse.Namespace) -> int:
     from .kits import MissingBackend, make_kit
     from .pipeline import BadModelPath
@@ -107,6 +133,17 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         ratios = _ratios(args.ratios)
+        modes = _modes(args.modes)
+        reuse = _ints(args.reuse_steps, "--reuse-steps")
+        if args.steps is not None and args.steps < 1:
+            raise ValueError("--steps must be at least 1")
+        if args.downsample_factor < 1:
+            raise ValueError("--downsample-factor must be at least 1")
+        if args.compile and max(reuse) > 1:
+            raise ValueError("--reuse-steps above 1 cannot be compiled: telling denoising steps apart reads the "
+                             "timestep on the host")
+        if max(reuse) > 1 and (args.steps or 1) < 2:
+            raise ValueError("--reuse-steps above 1 needs --steps N (N >= 2): reuse only shows over a denoising loop")
         for name in ("res", "batch", "repeats"):
             if getattr(args, name) < 1:
                 raise ValueError(f"--{name} must be at least 1")
@@ -126,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
             max_downsample=args.max_downsample, dtype=args.dtype, device=args.device, repeats=args.repeats,
             warmup=max(args.warmup, 0), compare=args.compare, seed=args.seed,
             compile=args.compile, compile_backend=args.compile_backend or "inductor",
+            modes=tuple(modes), reuse_steps=tuple(reuse), downsample_factor=args.downsample_factor,
+            downsample_method=args.downsample_method, steps=1 if args.model is not None else (args.steps or 1),
         )
         kit = make_kit(settings.backend, settings.device, settings.dtype)
         if settings.compile and settings.compile_backend not in kit.compile_backends():
@@ -162,13 +201,15 @@ def run(args: argparse.Namespace) -> int:
         from . import pipeline as pipeline_mod
 
         try:
-            pipeline = pipeline_mod.run(args.model, kit, ratios, args.prompt, args.steps,
+            pipeline = pipeline_mod.run(args.model, kit, ratios, args.prompt, args.steps or 20,
                                         settings.res, settings.seed, args.grid)
         except BadModelPath as exc:
             return _fail(str(exc))
 
     print(f"\n{settings.config} UNet at {settings.res}x{settings.res}, batch {settings.batch}, {settings.dtype}, "
-          f"{kit.name} on {settings.device}{compiled}; median of {settings.repeats} forwards after {settings.warmup} warm-up")
+          f"{kit.name} on {settings.device}{compiled}; median of {settings.repeats} "
+          + (f"loops of {settings.steps} UNet calls (timesteps 999 down, per call shown)" if settings.steps > 1 else "forwards")
+          + f" after {settings.warmup} warm-up")
     print(table(rows, kit.reference_name))
     for note in notes:
         print(f"note: {note}")

@@ -21,32 +21,33 @@ class _Kit:
     name = ""
 
     @contextlib.contextmanager
-    def method(self, model: Any, method: str, ratio: float, max_downsample: Any, seed: int) -> Iterator[None]:
+    def method(self, model: Any, config: Any, settings: Any) -> Iterator[None]:
+        """The model under one configuration (runner.Config) for the length of the block."""
         import tomesd
 
-        if method == "baseline":
+        if config.method == "baseline":
             yield
-        elif method == "tome":
-            tomesd.apply_patch(model, ratio=ratio, max_downsample=max_downsample, seed=seed)
+        elif config.method == "tome":
+            tomesd.apply_patch(model, **config.patch_kwargs(settings))
             try:
                 yield
             finally:
                 tomesd.remove_patch(model)
         else:
             # The references have no "finest attention level" default: theirs is 1.
-            with self.reference(model, ratio, max_downsample or 1):
+            with self.reference(model, config.ratio, settings.max_downsample or 1):
                 yield
 
-    def patched_copy(self, model: Any, method: str, ratio: float, max_downsample: Any, seed: int) -> Any:
-        """A copy of the model that shares its weights, with the method's patch applied for good: one
-        object per configuration to compile, so no patching ever changes a compiled model's hooks."""
+    def patched_copy(self, model: Any, config: Any, settings: Any) -> Any:
+        """A copy of the model that shares its weights, with the configuration's patch applied for good:
+        one object per configuration to compile, so no patching ever changes a compiled model's hooks."""
         import tomesd
 
         model = self.share_copy(model)
-        if method == "tome":
-            tomesd.apply_patch(model, ratio=ratio, max_downsample=max_downsample, seed=seed)
-        elif method == "reference":
-            self.apply_reference(model, ratio, max_downsample or 1)
+        if config.method == "tome":
+            tomesd.apply_patch(model, **config.patch_kwargs(settings))
+        elif config.method == "reference":
+            self.apply_reference(model, config.ratio, settings.max_downsample or 1)
         return model
 
     def compile(self, model: Any, backend: str) -> Any:
@@ -54,11 +55,13 @@ class _Kit:
 
     def machinery(self) -> Dict[str, List[Tuple[Any, str]]]:
         """(owner, attribute) of the functions that do ToMe's work, per method, for timing them."""
+        from tome_core.downsample import KVDownsample
         from tome_core.matching import TokenMerge
 
         from ..adapters import hooks
 
-        found = {"tome": [(hooks, "compute_merge"), (TokenMerge, "merge"), (TokenMerge, "unmerge")]}
+        found = {"tome": [(hooks, "compute_merge"), (TokenMerge, "merge"), (TokenMerge, "unmerge"),
+                          (hooks, "compute_downsample"), (KVDownsample, "__call__")]}
         reference = self.reference_machinery()
         if reference:
             found["reference"] = reference
@@ -96,6 +99,9 @@ class TorchKit(_Kit):
         x = self.torch.randn(batch, 4, latent, latent, generator=gen)
         c = self.torch.randn(batch, TEXT_TOKENS, CONFIGS[config]["cross_attention_dim"], generator=gen)
         return x.to(self.device, self.dtype), self.torch.tensor(500, device=self.device), c.to(self.device, self.dtype)
+
+    def timesteps(self, n: int) -> List[Any]:
+        return [self.torch.tensor(t, device=self.device) for t in loop_timesteps(n)]
 
     def forward(self, model: Any, inputs: Tuple[Any, ...]) -> Any:
         with self.torch.no_grad():  # scoped: the caller's grad mode is left as it was
@@ -217,6 +223,9 @@ class PaddleKit(_Kit):
         cast = lambda a: self.paddle.to_tensor(a).astype(self.dtype)  # noqa: E731
         return cast(x), self.paddle.to_tensor(500), cast(c)
 
+    def timesteps(self, n: int) -> List[Any]:
+        return [self.paddle.to_tensor(t) for t in loop_timesteps(n)]
+
     def forward(self, model: Any, inputs: Tuple[Any, ...]) -> Any:
         with self.paddle.no_grad():  # scoped: the caller's grad mode is left as it was
             return model(*inputs).sample
@@ -252,6 +261,11 @@ class PaddleKit(_Kit):
         from ppdiffusers.patches import tomesd_patch_utils
 
         return [(tomesd_patch_utils, "bipartite_soft_matching_random2d")]
+
+
+def loop_timesteps(n: int) -> List[int]:
+    """n distinct timesteps from 999 down, evenly spaced as a DDIM schedule's."""
+    return [999 - (999 * i) // n for i in range(n)]
 
 
 def _call_model(model: Any, *args: Any) -> Any:

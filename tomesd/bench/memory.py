@@ -9,7 +9,7 @@ import resource
 import sys
 
 from .kits import make_kit
-from .runner import Settings
+from .runner import Config, Settings
 
 
 def _reset_peak() -> bool:
@@ -36,20 +36,22 @@ def _peak_rss() -> int:
 def main() -> None:
     spec = json.loads(sys.argv[1])
     fields = dict(spec["settings"])
-    fields["ratios"] = tuple(fields["ratios"])
+    for name in ("ratios", "modes", "reuse_steps"):
+        fields[name] = tuple(fields[name])
     settings = Settings(**fields)
+    config = Config(**spec["config"])
     kit = make_kit(settings.backend, settings.device, settings.dtype)
     model = kit.build(settings.config, settings.seed)
     inputs = kit.inputs(settings.config, settings.batch, settings.res, settings.seed + 1)
     if settings.compile:  # the compiled forward's peak, after its compilation
         with kit.compile_settings(1):
-            copy = kit.patched_copy(model, spec["method"], spec["ratio"] or 0.0, settings.max_downsample, settings.seed)
+            copy = kit.patched_copy(model, config, settings)
             compiled = kit.compile(copy, settings.compile_backend)
             kit.forward(compiled, inputs)
             _reset_peak()
             kit.forward(compiled, inputs)
     else:
-        with kit.method(model, spec["method"], spec["ratio"] or 0.0, settings.max_downsample, settings.seed):
+        with kit.method(model, config, settings):
             _reset_peak()
             kit.forward(model, inputs)
     print(json.dumps({"peak_rss_bytes": _peak_rss()}))

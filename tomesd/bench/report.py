@@ -7,7 +7,7 @@ import platform
 from dataclasses import asdict
 from typing import Any, Dict, List, Optional
 
-SCHEMA = "tomesd-bench/1"
+SCHEMA = "tomesd-bench/2"
 
 
 def _mib(n: Optional[int]) -> str:
@@ -21,13 +21,17 @@ def _pct(x: Optional[float]) -> str:
 def label(row: Any, reference_name: str) -> str:
     if row.method == "baseline":
         return "baseline"
-    return f"{'ToMe (ours)' if row.method == 'tome' else reference_name} r={row.ratio:g}"
+    if row.method == "reference":
+        return f"{reference_name} r={row.ratio:g}"
+    if row.mode == "downsample":
+        return "downsample (ours)"
+    return f"ToMe (ours) r={row.ratio:g}" + (f" reuse {row.reuse_steps}" if row.reuse_steps > 1 else "")
 
 
 def table(rows: List[Any], reference_name: str) -> str:
     compiled = any(getattr(row, "compile_s", None) is not None for row in rows)
-    head = ("| configuration | time/forward (s) | speed-up | peak memory (MiB) | memory saved | "
-            "ToMe's own time | output change | self-attn tokens per level (without -> with) |")
+    head = ("| configuration | time per UNet call (s) | speed-up | peak memory (MiB) | memory saved | "
+            "ToMe's own time | output change | self-attn keys per level (without -> with) |")
     if compiled:
         head += " first call, compiling (s) |"
     lines = [head, "|" + "---|" * (9 if compiled else 8)]
@@ -84,14 +88,22 @@ def write_plot(path: str, rows: List[Any], reference_name: str, title: str) -> N
     import matplotlib.pyplot as plt
 
     fig, (ax_speed, ax_mem) = plt.subplots(1, 2, figsize=(10, 4))
-    for method, name, style in (("tome", "ToMe (ours)", "o-"), ("reference", reference_name, "s--")):
-        sel = sorted((r for r in rows if r.method == method), key=lambda r: r.ratio)
+    series = [(("tome", "merge", 1), "ToMe (ours)", "o-"), (("reference", "merge", 1), reference_name, "s--")]
+    series += [(("tome", "merge", k), f"ToMe (ours), reuse {k}", "^-")
+               for k in sorted({r.reuse_steps for r in rows if r.reuse_steps > 1})]
+    for key, name, style in series:
+        sel = sorted((r for r in rows if (r.method, r.mode, r.reuse_steps) == key), key=lambda r: r.ratio)
         if not sel:
             continue
         ratios = [r.ratio for r in sel]
         ax_speed.plot(ratios, [r.speedup for r in sel], style, label=name)
         if all(r.mem_reduction is not None for r in sel):
             ax_mem.plot(ratios, [100 * r.mem_reduction for r in sel], style, label=name)
+    for row in rows:  # no ratio: a level line
+        if row.mode == "downsample":
+            ax_speed.axhline(row.speedup, color="tab:green", ls=":", label="downsample (ours)")
+            if row.mem_reduction is not None:
+                ax_mem.axhline(100 * row.mem_reduction, color="tab:green", ls=":", label="downsample (ours)")
     ax_speed.axhline(1.0, color="grey", lw=0.8)
     ax_speed.set(xlabel="ratio", ylabel="speed-up vs baseline (x)", title="UNet forward speed-up")
     ax_mem.set(xlabel="ratio", ylabel="peak memory saved (%)", title="Peak memory saved")

@@ -32,12 +32,37 @@ class Settings:
     seed: int = 0
     compile: bool = False  # torch.compile one model object per configuration
     compile_backend: str = "inductor"
+    modes: Tuple[str, ...] = ("merge",)
+    reuse_steps: Tuple[int, ...] = (1,)  # merge rows per ratio, one per value
+    downsample_factor: int = 2
+    downsample_method: str = "nearest"
+    steps: int = 1  # UNet calls per timed run, over distinct timesteps (a denoising loop)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration: the baseline, one of our modes, or the reference at a ratio."""
+
+    method: str  # baseline | tome | reference
+    ratio: Optional[float] = None
+    mode: str = "merge"
+    reuse_steps: int = 1
+
+    def patch_kwargs(self, settings: "Settings") -> Dict[str, Any]:
+        """tomesd.apply_patch's arguments for this configuration (method "tome")."""
+        if self.mode == "downsample":
+            return dict(mode="downsample", max_downsample=settings.max_downsample,
+                        downsample_factor=settings.downsample_factor, downsample_method=settings.downsample_method)
+        return dict(ratio=self.ratio, max_downsample=settings.max_downsample, seed=settings.seed,
+                    reuse_steps=self.reuse_steps)
 
 
 @dataclass
 class Row:
     method: str  # baseline | tome | reference
     ratio: Optional[float]
+    mode: str = "merge"
+    reuse_steps: int = 1
     times_s: List[float] = field(default_factory=list)
     time_s: float = math.nan
     speedup: float = math.nan
@@ -51,11 +76,14 @@ class Row:
     compiled_vs_eager: Optional[float] = None  # with --compile: relative difference of the compiled output
 
 
-def configurations(settings: Settings) -> List[Tuple[str, Optional[float]]]:
-    configs: List[Tuple[str, Optional[float]]] = [("baseline", None)]
-    configs += [("tome", ratio) for ratio in settings.ratios]
+def configurations(settings: Settings) -> List[Config]:
+    configs = [Config("baseline")]
+    if "merge" in settings.modes:
+        configs += [Config("tome", ratio, "merge", k) for ratio in settings.ratios for k in settings.reuse_steps]
+    if "downsample" in settings.modes:
+        configs.append(Config("tome", None, "downsample"))
     if settings.compare:
-        configs += [("reference", ratio) for ratio in settings.ratios]
+        configs += [Config("reference", ratio) for ratio in settings.ratios]
     return configs
 
 
@@ -97,6 +125,10 @@ def run_unet(settings: Settings, progress: Callable[[int], None] = lambda n: Non
     kit = make_kit(settings.backend, settings.device, settings.dtype)
     model = kit.build(settings.config, settings.seed)
     inputs = kit.inputs(settings.config, settings.batch, settings.res, settings.seed + 1)
+    if settings.steps > 1:  # a denoising loop: one input per step, each its own timestep
+        inputs = [(inputs[0], t, inputs[2]) for t in kit.timesteps(settings.steps)]
+    else:
+        inputs = [inputs]
     configs = configurations(settings)
     notes = [] if notes is None else notes
     if not settings.compile:
@@ -105,29 +137,34 @@ def run_unet(settings: Settings, progress: Callable[[int], None] = lambda n: Non
         return _measure(settings, kit, model, inputs, configs, progress, notes)
 
 
-Config = Tuple[str, Optional[float]]
-
-
-def _measure(settings: Settings, kit: Any, model: Any, inputs: Tuple[Any, ...], configs: List[Config],
+def _measure(settings: Settings, kit: Any, model: Any, loop: List[Tuple[Any, ...]], configs: List[Config],
              progress: Callable[[int], None], notes: Optional[List[str]] = None) -> List[Row]:
-    rows = {cfg: Row(method=cfg[0], ratio=cfg[1]) for cfg in configs}
+    """`loop`: the inputs of the UNet calls timed as one run (one call, or a denoising loop)."""
+    rows = {cfg: Row(method=cfg.method, ratio=cfg.ratio, mode=cfg.mode, reuse_steps=cfg.reuse_steps) for cfg in configs}
+    inputs = loop[0]
+
+    def run_loop(model: Any) -> Any:
+        for step_inputs in loop:
+            out = kit.forward(model, step_inputs)
+        return out
+
     eager: Dict[Config, Any] = {}  # with --compile: each configuration's patched copy, and its compiled form
     compiled: Dict[Config, Any] = {}
     if settings.compile:
         for cfg in list(configs):
             if cfg not in rows:  # a reference already left out
                 continue
-            eager[cfg] = kit.patched_copy(model, cfg[0], cfg[1] or 0.0, settings.max_downsample, settings.seed)
+            eager[cfg] = kit.patched_copy(model, cfg, settings)
             compiled[cfg] = kit.compile(eager[cfg], settings.compile_backend)
             try:
                 rows[cfg].compile_s = timed(kit, lambda: kit.forward(compiled[cfg], inputs))
             except Exception as exc:  # noqa: BLE001 - dynamo raises many kinds
-                if cfg[0] != "reference":
+                if cfg.method != "reference":
                     raise
                 reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                 notes.append(f"{kit.reference_name} left out: its patch does not compile into one graph "
-                             f"(torch.compile fullgraph=True at r={cfg[1]:g}: {type(exc).__name__}: {reason[:200]})")
-                for other in [c for c in configs if c[0] == "reference"]:
+                             f"(torch.compile fullgraph=True at r={cfg.ratio:g}: {type(exc).__name__}: {reason[:200]})")
+                for other in [c for c in configs if c.method == "reference"]:
                     configs.remove(other)
                     rows.pop(other, None)
                     eager.pop(other, None)
@@ -138,10 +175,10 @@ def _measure(settings: Settings, kit: Any, model: Any, inputs: Tuple[Any, ...], 
     def prepared(cfg: Config) -> Iterator[Callable[[], Any]]:
         """The forward of one configuration: the shared model under its patch, or its compiled copy."""
         if settings.compile:
-            yield lambda: kit.forward(compiled[cfg], inputs)
+            yield lambda: run_loop(compiled[cfg])
         else:
-            with kit.method(model, cfg[0], cfg[1] or 0.0, settings.max_downsample, settings.seed):
-                yield lambda: kit.forward(model, inputs)
+            with kit.method(model, cfg, settings):
+                yield lambda: run_loop(model)
 
     for cfg in configs:
         for _ in range(settings.warmup):
@@ -175,20 +212,21 @@ def _measure(settings: Settings, kit: Any, model: Any, inputs: Tuple[Any, ...], 
             compiled_out = kit.to_numpy(kit.forward(compiled[cfg], inputs))
         else:
             target = model
-            method = kit.method(model, cfg[0], cfg[1] or 0.0, settings.max_downsample, settings.seed)
-        with method, timer.installed([] if settings.compile else machinery.get(cfg[0], [])), \
+            method = kit.method(model, cfg, settings)
+        with method, timer.installed([] if settings.compile else machinery.get(cfg.method, [])), \
                 token_counter(target, kit.name) as seen:
-            out = kit.to_numpy(kit.forward(target, inputs))
+            out = kit.to_numpy(run_loop(target))
         progress(1)
-        if cfg[0] == "baseline":
+        if cfg.method == "baseline":
             baseline_out, baseline_seen = out, counts(seen)
-        row.time_s = statistics.median(row.times_s)
+        row.time_s = statistics.median(row.times_s) / len(loop)  # per UNet call
         row.tome_time_s = None if settings.compile else timer.total
-        row.tokens = tokens_per_level(settings.res // 8, baseline_seen, counts(seen))
+        row.tokens = {level: [n // len(loop) for n in pair]  # per UNet call
+                      for level, pair in tokens_per_level(settings.res // 8, baseline_seen, counts(seen)).items()}
         row.output_change = _relative(out, baseline_out)
         if settings.compile:  # the compiled graph computes what the patched model computes
             row.compiled_vs_eager = _relative(compiled_out, out)
-    base = rows[("baseline", None)]
+    base = rows[Config("baseline")]
     for row in rows.values():
         row.speedup = base.time_s / row.time_s
         row.tome_fraction = None if row.tome_time_s is None else row.tome_time_s / max(row.time_s, 1e-12)
@@ -202,7 +240,7 @@ def _relative(out: Any, ref: Any) -> float:
 def measure_cpu_memory(settings: Settings, rows: List[Row], progress: Callable[[int], None] = lambda n: None) -> None:
     """Peak RSS of one forward per configuration, each in a fresh process (RSS never shrinks back)."""
     for row in rows:
-        spec = json.dumps({"settings": asdict(settings), "method": row.method, "ratio": row.ratio})
+        spec = json.dumps({"settings": asdict(settings), "config": asdict(_config_of(row))})
         out = subprocess.run(
             [sys.executable, "-m", "tomesd.bench.memory", spec], capture_output=True, text=True, env=dict(os.environ)
         )
@@ -210,6 +248,10 @@ def measure_cpu_memory(settings: Settings, rows: List[Row], progress: Callable[[
             raise RuntimeError(f"memory probe failed for {row.method} {row.ratio}:\n{out.stderr[-2000:]}")
         row.peak_mem_bytes = json.loads(out.stdout.strip().splitlines()[-1])["peak_rss_bytes"]
         progress(1)
+
+
+def _config_of(row: Row) -> Config:
+    return Config(row.method, row.ratio, row.mode, row.reuse_steps)
 
 
 def fill_memory_reductions(rows: List[Row]) -> None:

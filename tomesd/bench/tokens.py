@@ -7,8 +7,9 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 @contextlib.contextmanager
 def token_counter(model: Any, backend: str) -> Iterator[List[Tuple[str, int]]]:
-    """(block name, tokens) entering each self-attention call, in call order. Counted at attn1.to_q,
-    which runs inside the attention, so after any merge (ours, tomesd's or ppdiffusers')."""
+    """(block name, tokens) self-attention attends over (its keys), per call, in call order. Counted
+    at attn1.to_k, which runs inside the attention, so after any merge (ours, tomesd's or
+    ppdiffusers') or downsampling of the keys."""
     from ..adapters.frameworks import module_ops
     from ..adapters.hooks import transformer_blocks
 
@@ -20,7 +21,7 @@ def token_counter(model: Any, backend: str) -> Iterator[List[Tuple[str, int]]]:
         return lambda module, args: seen.append((name, int(args[0].shape[1])))
 
     handles = [
-        block.attn1.to_q.register_forward_pre_hook(hook_for(name))
+        block.attn1.to_k.register_forward_pre_hook(hook_for(name))
         for name, block in ops.named_modules(model) if id(block) in blocks
     ]
     try:

@@ -1,0 +1,45 @@
+"""The yardstick's scores: closeness to the unpatched model's samples (PSNR, SSIM from torchmetrics),
+the classifier's accuracy on the conditioned label, and the Frechet distance to the real digits in
+the classifier's 64-d feature space."""
+from __future__ import annotations
+
+from typing import Any, Dict
+
+import numpy as np
+
+
+def closeness(images: Any, reference: Any) -> Dict[str, float]:
+    """PSNR (dB) and SSIM of `images` against `reference` (same noise and labels), both in [-1, 1]."""
+    from torchmetrics.functional.image import peak_signal_noise_ratio, structural_similarity_index_measure
+
+    return {
+        "psnr": float(peak_signal_noise_ratio(images, reference, data_range=2.0)),
+        "ssim": float(structural_similarity_index_measure(images, reference, data_range=2.0)),
+    }
+
+
+def features(classifier: Any, images: Any) -> Any:
+    import torch
+
+    with torch.no_grad():
+        return classifier.features(images).double().numpy()
+
+
+def accuracy(classifier: Any, images: Any, labels: Any) -> float:
+    import torch
+
+    with torch.no_grad():
+        return float((classifier(images).argmax(1) == labels).float().mean())
+
+
+def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
+    """Frechet distance between Gaussians fitted to two feature sets [N, D] (FID's formula)."""
+    from scipy import linalg
+
+    mu_a, mu_b = a.mean(0), b.mean(0)
+    cov_a, cov_b = np.cov(a, rowvar=False), np.cov(b, rowvar=False)
+    root, _ = linalg.sqrtm(cov_a @ cov_b, disp=False)
+    if not np.isfinite(root).all():  # near-singular product: regularise as FID implementations do
+        eps = 1e-6 * np.eye(a.shape[1])
+        root = linalg.sqrtm((cov_a + eps) @ (cov_b + eps))
+    return float(((mu_a - mu_b) ** 2).sum() + np.trace(cov_a + cov_b - 2 * np.real(root)))

@@ -1,0 +1,114 @@
+"""Reproduces the yardstick's shipped weights: `python -m tomesd.quality.train [--out PATH]`.
+
+Trains, on scikit-learn's digits upscaled to 32x32, (1) the classifier that scores samples and (2) the
+class-conditional UNet (epsilon prediction, 10% of labels dropped for classifier-free guidance, EMA
+weights kept). Everything is seeded; on the project's 2-core CPU it took the time printed at the end.
+Never run in tests or CI."""
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import os
+import time
+
+from . import model as M
+from . import sampling
+
+
+def train_classifier(x, y, seed: int, epochs: int = 30):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(len(x), generator=g)
+    val, tr = perm[: len(x) // 5], perm[len(x) // 5:]
+    clf = M.Classifier()
+    opt = torch.optim.AdamW(clf.parameters(), 2e-3, weight_decay=1e-4)
+    for epoch in range(epochs):
+        clf.train()
+        order = tr[torch.randperm(len(tr), generator=g)]
+        for i in range(0, len(order), 64):
+            idx = order[i:i + 64]
+            # Mild noise so that slightly imperfect samples are still read as what they show.
+            xb = x[idx] + 0.1 * torch.randn(x[idx].shape, generator=g)
+            loss = torch.nn.functional.cross_entropy(clf(xb), y[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    clf.eval()
+    with torch.no_grad():
+        acc = (clf(x[val]).argmax(1) == y[val]).float().mean().item()
+    print(f"classifier: held-out accuracy {acc:.3f} on {len(val)} digits", flush=True)
+    return clf, acc
+
+
+def train_unet(x, y, seed: int, steps: int, batch: int, lr: float):
+    import torch
+    from diffusers import DDPMScheduler
+
+    torch.manual_seed(seed)
+    unet, labels, _ = M.build()
+    ema_unet, ema_labels = copy.deepcopy(unet), copy.deepcopy(labels)
+    params = list(unet.parameters()) + list(labels.parameters())
+    opt = torch.optim.AdamW(params, lr, weight_decay=0.0)
+    warm = max(1, min(100, steps // 10))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    noise_sched = DDPMScheduler(num_train_timesteps=1000, beta_schedule="squaredcos_cap_v2")
+    g = torch.Generator().manual_seed(seed + 1)
+    start = time.time()
+    for step in range(steps):
+        idx = torch.randint(0, len(x), (batch,), generator=g)
+        x0, lab = x[idx], y[idx].clone()
+        lab[torch.rand(batch, generator=g) < 0.1] = M.NULL_CLASS
+        eps = torch.randn(x0.shape, generator=g)
+        t = torch.randint(0, 1000, (batch,), generator=g)
+        pred = unet(noise_sched.add_noise(x0, eps, t), t, M.context(labels, lab)).sample
+        loss = torch.nn.functional.mse_loss(pred, eps)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        decay = min(0.999, (1 + step) / (10 + step))
+        with torch.no_grad():
+            for ema, live in ((ema_unet, unet), (ema_labels, labels)):
+                for pe, pl in zip(ema.parameters(), live.parameters()):
+                    pe.lerp_(pl, 1 - decay)
+        if step % 50 == 0 or step == steps - 1:
+            print(f"step {step:5d}/{steps}  loss {loss.item():.4f}  {time.time() - start:7.0f} s", flush=True)
+    return ema_unet.eval(), ema_labels.eval(), time.time() - start
+
+
+def main(argv=None) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    p = argparse.ArgumentParser(prog="python -m tomesd.quality.train", description=__doc__)
+    p.add_argument("--out", default=M.WEIGHTS)
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+
+    x, y = M.digits()
+    clf, _ = train_classifier(x, y, args.seed)
+    unet, labels, seconds = train_unet(x, y, args.seed, args.steps, args.batch, args.lr)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    tensors = {k: v.half() for k, v in M.state_dicts(unet, labels, clf).items()}
+    save_file(tensors, args.out, metadata={"command": f"python -m tomesd.quality.train --steps {args.steps} "
+                                           f"--batch {args.batch} --lr {args.lr} --seed {args.seed}",
+                                           "train_seconds": f"{seconds:.0f}"})
+    print(f"wrote {args.out} ({os.path.getsize(args.out) / 1e6:.1f} MB); UNet training took {seconds / 60:.1f} min")
+    # Sanity check: do the samples read as their labels?
+    unet, labels, clf = M.load(args.out)
+    lab = torch.arange(100) % 10
+    imgs = sampling.sample(unet, labels, lab, sampling.noise(100, 1234))
+    with torch.no_grad():
+        acc = (clf(imgs).argmax(1) == lab).float().mean().item()
+    print(f"samples read as their label: {acc:.2f}")
+
+
+if __name__ == "__main__":
+    main()

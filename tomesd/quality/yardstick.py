@@ -1,0 +1,267 @@
+"""`python -m tomesd quality`: what each setting costs in quality, and buys in speed, on the
+project's own class-conditional digits UNet (a proxy for SD, see the README).
+
+Every setting samples the same labels from the same noise as the baseline, in chunks that are
+interleaved across settings (alternating order), so timings are side by side. Scores:
+- PSNR / SSIM against the baseline's samples from the same noise: how far the setting moves them;
+- the classifier's accuracy on the conditioned label, and the Frechet distance (FD) of the
+  classifier's features to those of all 1797 real digits: whether the samples are still right;
+- the noise band: the baseline again from other noise seeds. A setting whose accuracy and FD differ
+  from the baseline's by no more than the baseline differs from itself across seeds is "within noise".
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional
+
+from . import metrics
+from . import model as M
+from . import sampling
+
+SCHEMA = "tomesd-quality/1"
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    kwargs: Optional[Dict[str, Any]]  # tomesd.apply_patch's arguments; None: the unpatched baseline
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+
+DEFAULT_SETTINGS = [
+    Setting("baseline", None),
+    Setting("ToMe r=0.25", dict(ratio=0.25)),
+    Setting("ToMe r=0.5", dict(ratio=0.5)),
+    Setting("ToMe r=0.75", dict(ratio=0.75)),
+    Setting("ToMe r=0.5 max_downsample=2", dict(ratio=0.5, max_downsample=2)),
+    Setting("ToMe r=0.5 reuse 2", dict(ratio=0.5, reuse_steps=2)),
+    Setting("ToMe r=0.5 reuse 3", dict(ratio=0.5, reuse_steps=3)),
+    Setting("ToMe r=0.5 share_across_blocks", dict(ratio=0.5, share_across_blocks=True)),
+    Setting("downsample f=2 nearest", dict(mode="downsample")),
+    Setting("downsample f=2 avg", dict(mode="downsample", downsample_method="avg")),
+    Setting("downsample f=2 nearest max_downsample=2", dict(mode="downsample", max_downsample=2)),
+]
+
+
+@dataclass
+class Result:
+    name: str
+    kwargs: Optional[Dict[str, Any]]
+    time_s: float = 0.0
+    speedup: float = 1.0
+    psnr: Optional[float] = None
+    ssim: Optional[float] = None
+    accuracy: float = 0.0
+    fd: float = 0.0
+    within_noise: Optional[bool] = None
+    chunk_times_s: List[float] = field(default_factory=list)
+
+
+def labels_for(n: int) -> Any:
+    import torch
+
+    return torch.arange(n) % M.NUM_CLASSES
+
+
+def _sample_chunk(unet: Any, labels_embedding: Any, setting: Setting, labels: Any, noise: Any, steps: int):
+    import tomesd
+
+    if setting.kwargs is not None:
+        tomesd.apply_patch(unet, **setting.kwargs)
+    try:
+        start = time.perf_counter()
+        images = sampling.sample(unet, labels_embedding, labels, noise, steps=steps)
+        return images, time.perf_counter() - start
+    finally:
+        if setting.kwargs is not None:
+            tomesd.remove_patch(unet)
+
+
+def evaluate(
+    settings: List[Setting],
+    images: int = 64,
+    chunk: int = 16,
+    steps: int = sampling.STEPS,
+    noise_seeds: int = 3,
+    seed: int = 0,
+    models: Any = None,
+    progress: Any = None,
+) -> Dict[str, Any]:
+    """Sample `images` per setting (seed `seed`) plus the baseline from `noise_seeds - 1` more seeds."""
+    import torch
+
+    unet, labels_embedding, classifier = models if models is not None else M.load()
+    real, _ = M.digits()
+    real_features = metrics.features(classifier, real)
+    labels = labels_for(images)
+    if settings[0].kwargs is not None:
+        raise ValueError("the first setting must be the baseline (kwargs None)")
+    out: Dict[Setting, List[Any]] = {s: [] for s in settings}
+    times: Dict[Setting, List[float]] = {s: [] for s in settings}
+    noise = sampling.noise(images, seed)
+    starts = list(range(0, images, chunk))
+    for i, start in enumerate(starts):  # interleaved, alternating order
+        for setting in settings if i % 2 == 0 else settings[::-1]:
+            part, seconds = _sample_chunk(unet, labels_embedding, setting, labels[start:start + chunk],
+                                          noise[start:start + chunk], steps)
+            out[setting].append(part)
+            times[setting].append(seconds)
+            if progress is not None:
+                progress(1)
+    spread = []
+    for k in range(1, noise_seeds):
+        other = sampling.noise(images, seed + 1000 * k)
+        parts = []
+        for start in starts:
+            parts.append(_sample_chunk(unet, labels_embedding, settings[0], labels[start:start + chunk],
+                                       other[start:start + chunk], steps)[0])
+            if progress is not None:
+                progress(1)
+        spread.append(torch.cat(parts))
+
+    def scores(x: Any) -> Dict[str, float]:
+        return {"accuracy": metrics.accuracy(classifier, x, labels),
+                "fd": metrics.frechet_distance(metrics.features(classifier, x), real_features)}
+
+    base_images = torch.cat(out[settings[0]])
+    base = scores(base_images)
+    others = [scores(x) for x in spread]
+    band = {
+        "accuracy": max([abs(o["accuracy"] - base["accuracy"]) for o in others], default=0.0),
+        "fd": max([abs(o["fd"] - base["fd"]) for o in others], default=0.0),
+        # Two baselines from different noise: what "unrelated samples" look like to PSNR / SSIM.
+        "unrelated": metrics.closeness(spread[0], base_images) if spread else None,
+        "seeds": noise_seeds,
+        "baseline_scores": [base] + others,
+    }
+    results = []
+    base_time = sum(times[settings[0]])
+    for setting in settings:
+        x = torch.cat(out[setting])
+        r = Result(setting.name, copy.deepcopy(setting.kwargs), time_s=sum(times[setting]),
+                   chunk_times_s=times[setting], **scores(x))
+        r.speedup = base_time / r.time_s
+        if setting.kwargs is not None:
+            r.psnr, r.ssim = metrics.closeness(x, base_images).values()
+            r.within_noise = (abs(r.accuracy - base["accuracy"]) <= band["accuracy"]
+                              and r.fd - base["fd"] <= band["fd"])
+        results.append(r)
+    return {"results": results, "noise_band": band, "images": images, "steps": steps, "chunk": chunk,
+            "seed": seed, "samples": {s.name: torch.cat(out[s]) for s in settings}}
+
+
+def table(report: Dict[str, Any]) -> str:
+    band = report["noise_band"]
+    lines = ["| setting | sampling time (s) | speed-up | PSNR vs baseline (dB) | SSIM vs baseline | "
+             "accuracy | FD to real digits | within noise |", "|---|---|---|---|---|---|---|---|"]
+    for r in report["results"]:
+        psnr = "-" if r.psnr is None else f"{r.psnr:.1f}"
+        ssim = "-" if r.ssim is None else f"{r.ssim:.3f}"
+        noise = "-" if r.within_noise is None else ("yes" if r.within_noise else "no")
+        lines.append(f"| {r.name} | {r.time_s:.1f} | {r.speedup:.2f}x | {psnr} | {ssim} | {r.accuracy:.3f} | "
+                     f"{r.fd:.2f} | {noise} |")
+    unrelated = band["unrelated"]
+    lines.append("")
+    lines.append(f"noise band (baseline from {band['seeds']} noise seeds): accuracy ±{band['accuracy']:.3f}, "
+                 f"FD ±{band['fd']:.2f}" + ("" if unrelated is None else
+                 f"; two baselines from different noise: PSNR {unrelated['psnr']:.1f} dB, SSIM {unrelated['ssim']:.3f}"))
+    return "\n".join(lines)
+
+
+def write_json(path: str, report: Dict[str, Any]) -> None:
+    import torch
+
+    doc = {
+        "schema": SCHEMA,
+        "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                    "torch": torch.__version__, "cpus": os.cpu_count()},
+        "images": report["images"], "steps": report["steps"], "chunk": report["chunk"], "seed": report["seed"],
+        "noise_band": report["noise_band"],
+        "results": [asdict(r) for r in report["results"]],
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=2)
+
+
+def write_plot(path: str, report: Dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results, band = report["results"], report["noise_band"]
+    base = results[0]
+    fig, (ax_acc, ax_fd) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for ax, key, label in ((ax_acc, "accuracy", "classifier accuracy"), (ax_fd, "fd", "Frechet distance to real digits")):
+        ax.axhspan(getattr(base, key) - band[key], getattr(base, key) + band[key], color="grey", alpha=0.2,
+                   label="baseline noise band")
+        for r in results:
+            ax.plot(r.speedup, getattr(r, key), "o")
+            ax.annotate(r.name, (r.speedup, getattr(r, key)), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.set(xlabel="sampling speed-up vs baseline (x)", ylabel=label)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Yardstick: quality vs speed-up ({report['images']} digits, {report['steps']} DDIM steps)")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def add_arguments(parser: Any) -> None:
+    parser.add_argument("--images", type=int, default=64, help="samples per setting (labels 0-9 in turn)")
+    parser.add_argument("--chunk", type=int, default=16, help="images per sampling call (x2 with guidance)")
+    parser.add_argument("--steps", type=int, default=sampling.STEPS, help="DDIM steps")
+    parser.add_argument("--noise-seeds", type=int, default=3, help="baseline runs from distinct noise (the noise band)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", metavar="NAMES", help="comma-separated setting names (default: all)")
+    parser.add_argument("--json", metavar="PATH", default="quality-out/quality.json")
+    parser.add_argument("--plot", metavar="PATH", default="quality-out/quality.png")
+    parser.add_argument("--weights", metavar="PATH", default=M.WEIGHTS)
+
+
+def run(args: Any) -> int:
+    import sys
+
+    try:
+        for name in ("images", "chunk", "steps", "noise_seeds"):
+            if getattr(args, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+        if args.noise_seeds < 2:
+            raise ValueError("--noise-seeds must be at least 2: the noise band needs a second baseline")
+        settings = DEFAULT_SETTINGS
+        if args.only:
+            wanted = [n.strip() for n in args.only.split(",")]
+            unknown = [n for n in wanted if n not in {s.name for s in settings}]
+            if unknown:
+                raise ValueError(f"--only: unknown settings {unknown}; known: {[s.name for s in settings]}")
+            settings = [settings[0]] + [s for s in settings[1:] if s.name in wanted]
+        if args.plot:
+            import matplotlib  # noqa: F401  (checked before the work, not after)
+        models = M.load(args.weights)
+    except (ValueError, FileNotFoundError, ImportError) as exc:
+        print(f"tomesd quality: error: {exc}", file=sys.stderr)
+        return 2
+    from ..bench.cli import progress_bar
+
+    chunks = -(-args.images // args.chunk)
+    with progress_bar(chunks * (len(settings) + args.noise_seeds - 1), "sampling chunks") as bar:
+        report = evaluate(settings, args.images, args.chunk, args.steps, args.noise_seeds, args.seed, models, bar.update)
+    print(f"\nyardstick: {args.images} digits per setting, {args.steps} DDIM steps, guidance {sampling.GUIDANCE}, "
+          f"batch {2 * args.chunk} per UNet call; times are sums over interleaved chunks")
+    print(table(report))
+    if args.json:
+        write_json(args.json, report)
+        print(f"results: {args.json}")
+    if args.plot:
+        write_plot(args.plot, report)
+        print(f"plot: {args.plot}")
+    return 0
