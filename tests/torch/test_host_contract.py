@@ -630,3 +630,54 @@ def test_gradient_checkpointing_gives_the_same_gradients(bases):
     assert g0.keys() == g1.keys() and len(g0) > 0
     worst = max(max_diff(g0[k], g1[k]) / (g0[k].abs().max().item() + 1e-12) for k in g0)
     assert worst < 1e-4, worst
+
+
+def key_tokens(model, **kwargs):
+    """(output, tokens entering every self-attention's key projection) of one call."""
+    seen = []
+    handles = []
+    for block in blocks(model):
+        for name in ("to_k", "to_k_custom_diffusion"):
+            leaf = getattr(block.attn1, name, None)
+            if isinstance(leaf, torch.nn.Module):
+                handles.append(leaf.register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[-2])))
+    try:
+        out = run(model, **kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    return out, sum(seen)
+
+
+DOWNSAMPLE_PROCESSORS = ("AttnProcessor", "default", "unfused_qkv", "sliced_auto", "sliced_1", "custom_diffusion",
+                         "ip_adapter")  # fused QKV is refused in this mode (tests/torch/test_modes.py)
+
+
+@pytest.mark.parametrize(
+    "name,kind",
+    [(name, kind) for name in UNETS for kind in DOWNSAMPLE_PROCESSORS]
+    + [("controlnet", kind) for kind in DOWNSAMPLE_PROCESSORS if kind in CONTROLNET_PROCESSORS],
+)
+def test_downsample_mode_under_attention_processors(bases, name, kind):
+    """mode='downsample' hands the host's processor its keys: every processor set after apply_patch still
+    sees fewer keys, moves the output, and processors computing the same attention agree."""
+    kwargs = {"added_cond_kwargs": {"image_embeds": image_embeds()}} if kind == "ip_adapter" else {}
+    default_patched = run(_downsampled(bases, name))
+    unpatched = fresh(bases, name, patch=False)
+    set_processor(unpatched, kind)
+    patched = _downsampled(bases, name)
+    set_processor(patched, kind)
+    out, keys = key_tokens(patched, **kwargs)
+    ref, ref_keys = key_tokens(unpatched, **kwargs)
+    assert 0 < keys < ref_keys, (keys, ref_keys)
+    assert max_diff(out, ref) > EFFECT
+    if kind in EQUIVALENT:
+        assert max_diff(out, default_patched) < 1e-5 * (1 + default_patched.abs().max().item()), kind
+    tomesd.remove_patch(patched)
+    assert torch.equal(run(patched, **kwargs), run(unpatched, **kwargs))
+
+
+def _downsampled(bases, name):
+    model = fresh(bases, name, patch=False)
+    tomesd.apply_patch(model, mode="downsample")
+    return model

@@ -306,3 +306,19 @@ def test_reuse_steps_refuses_a_compiled_graph_clearly(sd1_unet):
     finally:
         tomesd.remove_patch(sd1_unet)
         torch.compiler.reset()
+
+
+def test_downsample_refuses_fused_qkv_projections_clearly():
+    unet = T.unet()
+    unet.fuse_qkv_projections()
+    with pytest.raises(ValueError, match="unfuse_qkv_projections"):  # at apply time
+        tomesd.apply_patch(unet, mode="downsample")
+    assert not hasattr(unet, hooks.PATCH_ATTR)
+    unet.unfuse_qkv_projections()
+    tomesd.apply_patch(unet, mode="downsample")
+    unet.fuse_qkv_projections()  # fused after apply: refused by name, not an AttributeError deep inside
+    with pytest.raises(ValueError, match="unfuse_qkv_projections"):
+        forward(unet, T.unet_inputs())
+    unet.unfuse_qkv_projections()
+    assert forward(unet, T.unet_inputs()).shape == (2, 4, 16, 16)
+    tomesd.remove_patch(unet)

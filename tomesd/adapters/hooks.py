@@ -173,6 +173,8 @@ class ToMePatch:
                 f"reuse_steps needs the timestep input to tell denoising steps apart, and "
                 f"{type(self.root).__name__}.forward takes none of {_TIMESTEP}"
             )
+        if self.args.mode == "downsample" and any(_fused_self_attention(b) for b in self.blocks):
+            raise ValueError(_FUSED_QKV)
         if self.args.mode == "merge" and self.args.merge_mlp:
             for block in self.blocks:
                 if getattr(block, "_chunk_size", None) is not None:
@@ -354,6 +356,8 @@ class ToMePatch:
         context = self._specs[(index, "context")]
         if context is None or context.get(args, kwargs) is not None:
             return None  # keys/values already come from elsewhere (only_cross_attention): nothing to downsample
+        if _fused_self_attention(self.blocks[index]):
+            raise ValueError(_FUSED_QKV)
         if kwargs.get("attention_mask") is not None:
             raise ValueError(
                 "mode='downsample' cannot shrink self-attention's keys when it is given an attention_mask "
@@ -371,3 +375,16 @@ _CHUNKED_FF = (
     "merge_mlp=True cannot be combined with chunked feed-forward (enable_forward_chunking): the "
     "feed-forward would merge each chunk on its own. Disable chunking or use merge_mlp=False."
 )
+
+_FUSED_QKV = (
+    "mode='downsample' cannot run on fused QKV projections (fuse_qkv_projections): the fused self-attention "
+    "computes keys and values from its queries' input. Call unfuse_qkv_projections() first."
+)
+
+
+def _fused_self_attention(block: Any) -> bool:
+    """diffusers' fused processors run self-attention through one to_qkv (there is no to_kv), so it
+    cannot take other keys; unfusing swaps the processor back and keeps the fused weights around."""
+    attn = getattr(block, "attn1", None)
+    fused_processor = "Fused" in type(getattr(attn, "processor", None)).__name__
+    return fused_processor and getattr(attn, "to_kv", None) is None

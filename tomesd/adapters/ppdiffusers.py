@@ -27,9 +27,10 @@ BUILTIN: dict = {}
 
 def apply_tome(model_or_pipe: Any, *args: Any, **kwargs: Any) -> Any:
     """ppdiffusers' `apply_tome`, served by this project: `tomesd.apply_patch`'s arguments (its
-    signature, below) and ppdiffusers' ratio limit. max_downsample=None merges at the finest level
-    that has attention (1 on SD1/SD2, as ppdiffusers' default of 1). Without `seed`, the random dst
-    pattern uses the fixed tome_core.DEFAULT_SEED (0): deterministic, the same as on torch.
+    signature, below; `mode="downsample"`, `reuse_steps` and `share_across_blocks` included) and, in
+    merge mode, ppdiffusers' ratio limit. max_downsample=None reduces at the finest level that has
+    attention (1 on SD1/SD2, as ppdiffusers' default of 1). Without `seed`, the random dst pattern
+    uses the fixed tome_core.DEFAULT_SEED (0): deterministic, the same as on torch.
     """
     args = ToMeArgs(*args, **kwargs)  # the argument list lives once, in ToMeArgs' fields
     if args.mode == "merge" and args.ratio >= 1 - 1 / (args.sx * args.sy):
