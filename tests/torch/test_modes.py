@@ -245,6 +245,8 @@ def test_share_across_blocks_matches_once_per_level_and_call(sd1_unet, monkeypat
     try:
         forward(sd1_unet, T.unet_inputs())
         assert len(calls) == 2  # levels 1 and 2
+        forward(sd1_unet, T.unet_inputs(seed=7))
+        assert len(calls) == 4  # and again at the next call: nothing kept across calls
         out = forward(sd1_unet, T.unet_inputs())
     finally:
         tomesd.remove_patch(sd1_unet)

@@ -313,7 +313,8 @@ class ToMePatch:
         key = ("level", plan.level) if args.share_across_blocks else index
         if key in call.shared:
             return call.shared[key]
-        kept = self._threads.reuse.kept if not ops.is_compiling() else {}
+        # Kept across calls only when steps are reused (share_across_blocks alone lives within a call).
+        kept = self._threads.reuse.kept if args.steps_reused > 1 and not ops.is_compiling() else {}
         entry = kept.get(key)
         if entry is not None and call.step - entry[0] < args.steps_reused and entry[1:3] == (batch, num_tokens):
             merge = entry[3]

@@ -43,10 +43,16 @@ DEFAULT_SETTINGS = [
     Setting("ToMe r=0.5 max_downsample=2", dict(ratio=0.5, max_downsample=2)),
     Setting("ToMe r=0.5 reuse 2", dict(ratio=0.5, reuse_steps=2)),
     Setting("ToMe r=0.5 reuse 3", dict(ratio=0.5, reuse_steps=3)),
+    Setting("ToMe r=0.75 reuse 3", dict(ratio=0.75, reuse_steps=3)),
     Setting("ToMe r=0.5 share_across_blocks", dict(ratio=0.5, share_across_blocks=True)),
     Setting("downsample f=2 nearest", dict(mode="downsample")),
     Setting("downsample f=2 avg", dict(mode="downsample", downsample_method="avg")),
+    Setting("downsample f=3 nearest", dict(mode="downsample", downsample_factor=3)),
     Setting("downsample f=2 nearest max_downsample=2", dict(mode="downsample", max_downsample=2)),
+    # Every attention level (32x32, 16x16 and the 8x8 mid block): where this model leans on attention.
+    Setting("ToMe r=0.5 max_downsample=4", dict(ratio=0.5, max_downsample=4)),
+    Setting("ToMe r=0.5 max_downsample=4 reuse 3", dict(ratio=0.5, max_downsample=4, reuse_steps=3)),
+    Setting("downsample f=2 nearest max_downsample=4", dict(mode="downsample", max_downsample=4)),
 ]
 
 
