@@ -203,10 +203,17 @@ def test_reuse_steps_recomputes_on_a_new_timestep_not_on_a_second_call(sd1_unet,
         before = len(calls)
         forward(sd1_unet, step_inputs(900, seed=3))
         assert len(calls) - before == merging_blocks
-        # A different batch or token count matches anew, at once.
+        # A different batch or grid matches anew, at once, even with the same token count (16x24 vs 24x16).
         before = len(calls)
-        forward(sd1_unet, step_inputs(900, seed=1, batch=4))
-        forward(sd1_unet, step_inputs(900, seed=1, h=24, w=20))
+        forward(sd1_unet, step_inputs(800, seed=1, batch=4))
+        forward(sd1_unet, step_inputs(700, seed=1, h=16, w=24))
+        forward(sd1_unet, step_inputs(600, seed=1, h=24, w=16))
+        assert len(calls) - before == 3 * merging_blocks
+        # With gradients on (training), every call matches: each is a new batch of images.
+        before = len(calls)
+        x, t, c = step_inputs(500, seed=2)
+        sd1_unet(x, t, c)
+        sd1_unet(x, torch.tensor(400), c)
         assert len(calls) - before == 2 * merging_blocks
     finally:
         tomesd.remove_patch(sd1_unet)
@@ -324,3 +331,13 @@ def test_downsample_refuses_fused_qkv_projections_clearly():
     unet.unfuse_qkv_projections()
     assert forward(unet, T.unet_inputs()).shape == (2, 4, 16, 16)
     tomesd.remove_patch(unet)
+
+
+def test_downsample_refuses_a_self_attention_without_a_context_argument():
+    unet = T.unet()
+    attn = blocks(unet)[0].attn1
+    plain_forward = attn.forward
+    attn.forward = lambda *args, **kwargs: plain_forward(*args, **kwargs)  # a wrapper hiding the signature
+    with pytest.raises(ValueError, match="context argument"):
+        tomesd.apply_patch(unet, mode="downsample")
+    assert not hasattr(unet, hooks.PATCH_ATTR)

@@ -16,8 +16,9 @@ Rules the per-call path keeps (see the README's "How it runs"):
 - Hooks are bound methods of the patch (on paddle wrapped in a plain object the backend registers),
   so patched models deepcopy and pickle, and a copy's patch owns the copy's hooks.
 - Matches reused across denoising steps (reuse_steps > 1) are the one state that outlives a call:
-  owned by the patch, per thread (one thread runs one denoising loop), dropped when k steps have
-  passed, when the token count or batch changes, on remove, and never copied.
+  owned by the patch, per thread (one thread runs one denoising loop); replaced once k steps have
+  passed or the grid or batch changes, dropped when a new run starts (the timestep rises) and on
+  remove, never copied, and never used while gradients are on (training recomputes every call).
 
 mode="downsample" hooks attn1 only: its pre-hook passes the downsampled tokens as the attention's
 own context argument (`encoder_hidden_states` / `context`), so the host's attention module and
@@ -111,12 +112,13 @@ class _Reuse:
     """One thread's matches kept across denoising steps: a new step is a new timestep value, and a
     new denoising run (a timestep above the last one) starts with none kept."""
 
-    __slots__ = ("last_key", "step", "kept")
+    __slots__ = ("last_key", "last_value", "step", "kept")
 
     def __init__(self) -> None:
         self.last_key: Optional[int] = None
+        self.last_value: Optional[float] = None
         self.step = 0
-        self.kept: Dict[Any, Tuple[int, int, int, TokenMerge]] = {}  # key -> (step, batch, tokens, merge)
+        self.kept: Dict[Any, Tuple[int, tuple, TokenMerge]] = {}  # key -> (step, (batch, h, w), merge)
 
 
 class _ThreadCalls(threading.local):
@@ -173,8 +175,16 @@ class ToMePatch:
                 f"reuse_steps needs the timestep input to tell denoising steps apart, and "
                 f"{type(self.root).__name__}.forward takes none of {_TIMESTEP}"
             )
-        if self.args.mode == "downsample" and any(_fused_self_attention(b) for b in self.blocks):
-            raise ValueError(_FUSED_QKV)
+        if self.args.mode == "downsample":
+            if any(_fused_self_attention(b) for b in self.blocks):
+                raise ValueError(_FUSED_QKV)
+            for block in self.blocks:
+                attn = getattr(block, "attn1", None)
+                if attn is not None and InputSpec.find(attn, _CONTEXT, first_positional=False) is None:
+                    raise ValueError(
+                        f"mode='downsample' passes keys and values to self-attention through its context "
+                        f"argument, and {type(attn).__name__}.forward takes none of {_CONTEXT}"
+                    )
         if self.args.mode == "merge" and self.args.merge_mlp:
             for block in self.blocks:
                 if getattr(block, "_chunk_size", None) is not None:
@@ -246,7 +256,7 @@ class ToMePatch:
         call.latent_hw = (shape[-2], shape[-1])
         if self._timestep_spec is not None:
             call.timestep = self._timestep_spec.get(args, kwargs)
-        if self.args.steps_reused > 1:
+        if self.args.steps_reused > 1 and not ops.grad_enabled():  # training never reuses (see _plan_merge)
             call.step = self._denoising_step(call.timestep)
         if self._replay and not ops.grad_enabled() and not ops.is_compiling():
             self._replay.clear()  # inference after training: nothing left to recompute
@@ -278,11 +288,12 @@ class ToMePatch:
         if timestep is None:
             raise ValueError("reuse_steps needs the timestep of each call, and this call passed None")
         state = self._threads.reuse
-        key = rng.timestep_key(self.ops, self.ops.host_float(timestep))
-        if state.last_key is not None and key > state.last_key:
+        value = self.ops.host_float(timestep)
+        key = rng.timestep_key(self.ops, value)
+        if state.last_value is not None and value > state.last_value:
             state.kept.clear()  # timesteps only fall within a run: a rise starts a new one
         if key != state.last_key:
-            state.last_key = key
+            state.last_key, state.last_value = key, value
             state.step += 1
         return state.step
 
@@ -313,14 +324,17 @@ class ToMePatch:
         key = ("level", plan.level) if args.share_across_blocks else index
         if key in call.shared:
             return call.shared[key]
-        # Kept across calls only when steps are reused (share_across_blocks alone lives within a call).
-        kept = self._threads.reuse.kept if args.steps_reused > 1 and not ops.is_compiling() else {}
+        # Kept across calls only when steps are reused (share_across_blocks alone lives within a call),
+        # and never while training: there each call is a new batch of images.
+        across_calls = args.steps_reused > 1 and not ops.is_compiling() and not ops.grad_enabled()
+        kept = self._threads.reuse.kept if across_calls else {}
         entry = kept.get(key)
-        if entry is not None and call.step - entry[0] < args.steps_reused and entry[1:3] == (batch, num_tokens):
-            merge = entry[3]
+        shape = (batch, plan.h, plan.w)
+        if entry is not None and call.step - entry[0] < args.steps_reused and entry[1] == shape:
+            merge = entry[2]
         else:
             merge = self._match(index, x, plan, call)
-            kept[key] = (call.step, batch, num_tokens, merge)
+            kept[key] = (call.step, shape, merge)
         call.shared[key] = merge
         return merge
 

@@ -198,6 +198,7 @@ def write_json(path: str, report: Dict[str, Any]) -> None:
 
 
 def write_plot(path: str, report: Dict[str, Any]) -> None:
+    """Closeness (PSNR), accuracy and FD against speed-up: one marker per setting, legend below."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -205,18 +206,29 @@ def write_plot(path: str, report: Dict[str, Any]) -> None:
 
     results, band = report["results"], report["noise_band"]
     base = results[0]
-    fig, (ax_acc, ax_fd) = plt.subplots(1, 2, figsize=(11, 4.5))
-    for ax, key, label in ((ax_acc, "accuracy", "classifier accuracy"), (ax_fd, "fd", "Frechet distance to real digits")):
-        ax.axhspan(getattr(base, key) - band[key], getattr(base, key) + band[key], color="grey", alpha=0.2,
-                   label="baseline noise band")
-        for r in results:
-            ax.plot(r.speedup, getattr(r, key), "o")
-            ax.annotate(r.name, (r.speedup, getattr(r, key)), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        ax.set(xlabel="sampling speed-up vs baseline (x)", ylabel=label)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 6.5))
+    markers = "os^vD<>pPX*h"
+    for i, r in enumerate(results):
+        style = dict(marker=markers[i % len(markers)], color=plt.cm.tab20(i % 20), linestyle="none", markersize=8)
+        if r.psnr is not None:
+            axes[0].plot(r.speedup, r.psnr, label=r.name, **style)
+        else:
+            axes[0].plot([], [], label=r.name, **style)
+        axes[1].plot(r.speedup, r.accuracy, **style)
+        axes[2].plot(r.speedup, r.fd, **style)
+    if band["unrelated"] is not None:
+        axes[0].axhline(band["unrelated"]["psnr"], color="grey", ls=":", label="two baselines, different noise")
+    for ax, key in ((axes[1], "accuracy"), (axes[2], "fd")):
+        ax.axhspan(getattr(base, key) - band[key], getattr(base, key) + band[key], color="grey", alpha=0.2)
+    axes[0].set(ylabel="PSNR vs the baseline's samples (dB, higher = closer)")
+    axes[1].set(ylabel="classifier accuracy on the label (band: baseline noise)")
+    axes[2].set(ylabel="Frechet distance to real digits (band: baseline noise)")
+    for ax in axes:
+        ax.set(xlabel="sampling speed-up vs baseline (x)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    fig.legend(loc="lower center", ncol=4, fontsize=8)
     fig.suptitle(f"Yardstick: quality vs speed-up ({report['images']} digits, {report['steps']} DDIM steps)")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.2, 1, 1))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
