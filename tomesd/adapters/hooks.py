@@ -143,6 +143,9 @@ class ToMePatch:
 
     def __init__(self, root: Any, args: ToMeArgs, ops: Any):
         self.root, self.args, self.ops = root, args, ops
+        # Plain values for the per-call path: paddle's SOT translator crashed (segfault) simulating
+        # ToMeArgs' properties inside a to_static'd forward.
+        self._steps_reused, self._reuses = args.steps_reused, args.reuses
         self.blocks = transformer_blocks(ops, root)
         self._latent_spec = InputSpec.find(root, _LATENT, first_positional=True)
         self._timestep_spec = InputSpec.find(root, _TIMESTEP, first_positional=False)
@@ -256,7 +259,7 @@ class ToMePatch:
         call.latent_hw = (shape[-2], shape[-1])
         if self._timestep_spec is not None:
             call.timestep = self._timestep_spec.get(args, kwargs)
-        if self.args.steps_reused > 1 and not ops.grad_enabled():  # training never reuses (see _plan_merge)
+        if self._steps_reused > 1 and not ops.grad_enabled():  # training never reuses (see _plan_merge)
             call.step = self._denoising_step(call.timestep)
         if self._replay and not ops.grad_enabled() and not ops.is_compiling():
             self._replay.clear()  # inference after training: nothing left to recompute
@@ -317,7 +320,7 @@ class ToMePatch:
             return call.shared[key]
         if args.merge_mlp and getattr(block, "_chunk_size", None) is not None:
             raise ValueError(_CHUNKED_FF)
-        if not args.reuses:
+        if not self._reuses:
             return self._match(index, x, plan, call)
         # Reused matches: a block's own (or, with share_across_blocks, its level's first block's),
         # kept for reuse_steps denoising steps while the batch and token count stay the same.
@@ -326,11 +329,11 @@ class ToMePatch:
             return call.shared[key]
         # Kept across calls only when steps are reused (share_across_blocks alone lives within a call),
         # and never while training: there each call is a new batch of images.
-        across_calls = args.steps_reused > 1 and not ops.is_compiling() and not ops.grad_enabled()
+        across_calls = self._steps_reused > 1 and not ops.is_compiling() and not ops.grad_enabled()
         kept = self._threads.reuse.kept if across_calls else {}
         entry = kept.get(key)
         shape = (batch, plan.h, plan.w)
-        if entry is not None and call.step - entry[0] < args.steps_reused and entry[1] == shape:
+        if entry is not None and call.step - entry[0] < self._steps_reused and entry[1] == shape:
             merge = entry[2]
         else:
             merge = self._match(index, x, plan, call)
