@@ -1,5 +1,4 @@
 """tomesd.apply_patch / remove_patch on diffusers and LDM models, against tomesd 0.1.3."""
-import threading
 
 import pytest
 import torch
@@ -7,6 +6,7 @@ import torch
 import tiny_torch as T
 import tomesd
 from references import load_tomesd_ref
+from threads import run_in_threads
 from tomesd.adapters.hooks import PATCH_ATTR
 
 ref = load_tomesd_ref()
@@ -185,20 +185,7 @@ def test_concurrent_calls_at_two_resolutions_equal_sequential_ones(sd1_unet, use
         expected = [forward(sd1_unet, job) for job in jobs]
         handle.remove()
         assert seen == [16 * 16 // 2, 24 * 20 // 2]  # both resolutions merge
-        results, errors = {}, []
-
-        def worker(i):
-            try:
-                results[i] = [forward(sd1_unet, jobs[i % 2]) for _ in range(3)]
-            except Exception as exc:  # surfaced below
-                errors.append(exc)
-
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        assert not errors, errors
+        results = run_in_threads(lambda i: [forward(sd1_unet, jobs[i % 2]) for _ in range(3)])
         for i, outs in results.items():
             for out in outs:
                 assert torch.equal(out, expected[i % 2])
