@@ -19,7 +19,8 @@ _DOWNSAMPLE_DEFAULTS = dict(downsample_factor=2, downsample_method="nearest")
 
 @dataclass(frozen=True)
 class ToMeArgs:
-    """The user's settings, validated once, before anything is patched.
+    """The user's settings, validated once, before anything is patched: every bad value raises a
+    ValueError that names the argument.
 
     The first nine fields are tomesd's, in tomesd's order. `mode="merge"` is exact ToMe (with
     `reuse_steps` / `share_across_blocks` reusing its matching); `mode="downsample"` gives
@@ -79,9 +80,9 @@ class ToMeArgs:
                 raise ValueError(f"{name} must be a positive int (the dst stride in tokens), got {value!r}")
         for name in ("use_rand", "merge_attn", "merge_crossattn", "merge_mlp", "share_across_blocks"):
             if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.seed is not None and not _is_int(self.seed):
-            raise TypeError(f"seed must be an int or None, got {self.seed!r}")
+            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
         if not _is_int(self.reuse_steps) or self.reuse_steps < 1:
             raise ValueError(
                 f"reuse_steps must be a positive int (1: match at every denoising step), got {self.reuse_steps!r}"

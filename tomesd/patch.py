@@ -52,8 +52,8 @@ def apply_patch(
       block's token grid downsampled by downsample_factor per side (2); queries stay full, nothing
       is unmerged. downsample_method: "nearest" (default; the top-left token of each cell) or "avg"
       (the cell's mean). Deterministic; the merge-only arguments above are refused.
-    Raises ValueError / TypeError, with `model` unchanged, for bad arguments or objects, including
-    an argument the chosen mode has no use for.
+    Raises, with `model` unchanged: ValueError naming the argument for a bad argument (including
+    one the chosen mode has no use for); TypeError for an object ToMe cannot patch.
     """
     args = ToMeArgs(
         ratio, max_downsample, sx, sy, use_rand, merge_attn, merge_crossattn, merge_mlp, seed,

@@ -90,12 +90,14 @@ def test_denoising_loop_compiles_once_and_equals_eager(layout, mode):
 
 def test_a_second_resolution_costs_at_most_one_more_compile():
     unet = T.unet()
+    (x, _, c), x2 = T.unet_inputs(), T.unet_inputs(2, 24, 16)[0]
+    t0 = torch.tensor(STEPS[0])
+    plain, plain2 = run(unet, x, t0, c), run(unet, x2, t0, c)
     tomesd.apply_patch(unet, ratio=0.5)
     backend = CountingBackend()
     compiled = torch.compile(unet, backend=backend)
-    (x, _, c), x2 = T.unet_inputs(), T.unet_inputs(2, 24, 16)[0]
     seen, handles = self_attn_tokens(unet)
-    eager2 = run(unet, x2, torch.tensor(STEPS[0]), c)
+    eager, eager2 = run(unet, x, t0, c), run(unet, x2, t0, c)
     merged_tokens = list(seen)
     for handle in handles:
         handle.remove()
@@ -103,11 +105,16 @@ def test_a_second_resolution_costs_at_most_one_more_compile():
         run(compiled, x, torch.tensor(t), c)
     for t in STEPS:
         out2 = run(compiled, x2, torch.tensor(t), c)
-    run(compiled, x, torch.tensor(STEPS[0]), c)
+    first = run(compiled, x, t0, c)
     assert backend.graphs <= 2
-    assert merged_tokens[0] == 24 * 16 // 2  # the second resolution merges too
-    assert torch.allclose(run(compiled, x2, torch.tensor(STEPS[0]), c), eager2, atol=1e-5)
+    half = len(merged_tokens) // 2  # each call sees the same blocks
+    assert merged_tokens[0] == 16 * 16 // 2 and merged_tokens[half] == 24 * 16 // 2  # both resolutions merge
+    for ours, ref, base in ((first, eager, plain), (run(compiled, x2, t0, c), eager2, plain2)):
+        assert (ref - base).abs().max() > 1e-2  # ToMe acts, far beyond the tolerance below
+        assert torch.allclose(ours, ref, atol=1e-5)
     assert out2.shape == x2.shape
+    tomesd.remove_patch(unet)  # the compiled wrapper runs the unpatched model again, bit for bit
+    assert torch.equal(run(compiled, x, t0, c), plain) and torch.equal(run(compiled, x2, t0, c), plain2)
 
 
 INDUCTOR_CHECK = """
@@ -142,12 +149,15 @@ def test_inductor_output_equals_eager():
 
 def test_pipeline_with_compiled_unet_after_apply_patch(tmp_path):
     pipe = T.controlnet_pipeline(tmp_path)
+    plain = T.run_pipeline(pipe)
     tomesd.apply_patch(pipe, ratio=0.5)
     eager = T.run_pipeline(pipe)
     pipe.unet = torch.compile(pipe.unet, fullgraph=True, backend="aot_eager")
+    assert abs(eager - plain).max() > 1e-2  # ToMe acts on the images, far beyond the tolerance below
     assert abs(T.run_pipeline(pipe) - eager).max() < 1e-5
     tomesd.remove_patch(pipe)  # finds the patch inside the compiled wrapper
     assert getattr(pipe.unet._orig_mod, PATCH_ATTR, None) is None
+    assert (T.run_pipeline(pipe) == plain).all()  # the unpatched images again, bit for bit
 
 
 def test_patching_an_already_compiled_model_patches_what_it_runs():

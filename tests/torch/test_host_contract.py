@@ -260,7 +260,7 @@ def test_outputs_equal_in_another_process(bases, tmp_path):
 @pytest.mark.parametrize("name", UNETS)
 def test_seed_selects_the_pattern(bases, name):
     """seed=None is the documented default seed 0; another seed gives another output (still merged)."""
-    default = run(fresh(bases, name))
+    default = assert_merges(fresh(bases, name), bases[name])  # ToMe acts, far beyond the tolerance
     assert torch.equal(run(fresh(bases, name, seed=0)), default)
     other = assert_merges(fresh(bases, name, seed=1), bases[name])
     assert max_diff(other, default) > EFFECT
@@ -465,10 +465,11 @@ def test_encoder_attention_mask(bases, name, merge_crossattn):
     mask[:, 4:] = 0
     mask[1, 2] = 0
     model = fresh(bases, name, **({"merge_crossattn": True} if merge_crossattn else {}))
-    no_mask = run(model)
+    no_mask = assert_merges(model, bases[name])
     masked = assert_merges(model, bases[name], encoder_attention_mask=mask)
     assert max_diff(masked, no_mask) > EFFECT
-    assert max_diff(run(model, encoder_attention_mask=torch.ones(2, 7)), no_mask) < 1e-4
+    ones = assert_merges(model, bases[name], encoder_attention_mask=torch.ones(2, 7))  # ToMe acts, far beyond 1e-4
+    assert max_diff(ones, no_mask) < 1e-4
 
 
 def test_self_attention_mask_is_refused_clearly(bases):
@@ -546,9 +547,10 @@ def test_bfloat16_model_after_patch(bases, name):
     inp = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in inputs().items()}
     out = assert_merges(model, unpatched, inp, effect=0.2)
     assert out.dtype == torch.bfloat16
-    # ToMe moves the output far more than bf16 round-off does
-    fp32 = run(fresh(bases, name))
-    assert max_diff(out, fp32) < max_diff(out, run(unpatched, inp))
+    fp32 = assert_merges(fresh(bases, name), bases[name])
+    # ToMe moves the output far more than bf16 round-off does. Not 100x: in bf16 some merge choices
+    # flip, so bf16 strays from fp32 by 1/13 (sdxl) to 1/4.5 (controlnet) of ToMe's own effect; 3x holds.
+    assert max_diff(out, fp32) < max_diff(out, run(unpatched, inp)) / 3
 
 
 # ---------------------------------------------------------------- 7. training and EMA
@@ -610,8 +612,8 @@ def test_training_step_with_ema_and_ema_copy_stays_patched(bases):
 def test_gradient_checkpointing_gives_the_same_gradients(bases):
     """enable_gradient_checkpointing() on a patched model: the recomputed blocks merge exactly as the
     forward did, so the loss and gradients equal those without checkpointing."""
-    def grads(checkpointing):
-        model = fresh(bases, "sd1").train()
+    def grads(checkpointing, patch=True):
+        model = fresh(bases, "sd1", patch=patch).train()
         if checkpointing:
             model.enable_gradient_checkpointing()
         inp = inputs()
@@ -621,15 +623,19 @@ def test_gradient_checkpointing_gives_the_same_gradients(bases):
         loss.backward()
         return loss.item(), counter.total, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
+    def worst(ga, gb):  # the largest gradient difference, relative to the gradient's size
+        return max(max_diff(ga[k], gb[k]) / (ga[k].abs().max().item() + 1e-12) for k in ga)
+
     loss0, tokens0, g0 = grads(False)
     loss1, tokens1, g1 = grads(True)
-    with QueryTokens(bases["sd1"]) as full:
-        run(bases["sd1"])
-    assert tokens0 < full.total
+    base_loss, full, base_grads = grads(False, patch=False)
+    assert tokens1 == tokens0 < full
+    # ToMe acts on the loss and the gradients, far beyond the tolerances
+    assert abs(loss0 - base_loss) > 100 * 1e-6
+    assert base_grads.keys() == g0.keys() and worst(g0, base_grads) > 100 * 1e-4
     assert abs(loss0 - loss1) < 1e-6
     assert g0.keys() == g1.keys() and len(g0) > 0
-    worst = max(max_diff(g0[k], g1[k]) / (g0[k].abs().max().item() + 1e-12) for k in g0)
-    assert worst < 1e-4, worst
+    assert worst(g0, g1) < 1e-4, worst(g0, g1)
 
 
 def key_tokens(model, **kwargs):

@@ -1,5 +1,8 @@
 """mode="downsample" (ToDo) and reuse_steps / share_across_blocks on torch models."""
+import contextlib
 import copy
+import gc
+import weakref
 
 import pytest
 import torch
@@ -7,7 +10,7 @@ import torch.nn.functional as F
 
 import tiny_torch as T
 import tomesd
-from threads import run_in_threads
+from threads import Overlap, run_in_threads
 from tomesd.adapters import hooks
 
 TOL = 1e-5
@@ -50,15 +53,44 @@ def hand_patch(model, h, w, factor, method):
     return handles
 
 
-def kv_lengths(model):
-    """(query length, key length) seen by each block's attn1, appended per call."""
-    seen = []
-    handles = []
+@contextlib.contextmanager
+def self_attention_pairs(model):
+    """Yields a list that fills with (query tokens, key tokens) of every self-attention (attn1)
+    call inside the block, each query paired with the keys of the same call (every processor
+    projects queries before keys)."""
+    pairs, handles = [], []
     for block in blocks(model):
-        attn = block.attn1
-        handles.append(attn.to_q.register_forward_pre_hook(lambda m, a: seen.append(("q", a[0].shape[1]))))
-        handles.append(attn.to_k.register_forward_pre_hook(lambda m, a: seen.append(("k", a[0].shape[1]))))
-    return seen, handles
+        pending = []
+        handles.append(block.attn1.to_q.register_forward_pre_hook(lambda m, a, p=pending: p.append(a[0].shape[1])))
+        handles.append(block.attn1.to_k.register_forward_pre_hook(
+            lambda m, a, p=pending: pairs.append((p.pop(), a[0].shape[1]))))
+    try:
+        yield pairs
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def assert_keys_quartered_only_at(base_pairs, pairs, queries):
+    """Against the same model's unpatched call: queries never change; keys of a self-attention whose
+    query count is in `queries` drop to a quarter (factor 2 on even grids); every other key stays."""
+    assert len(pairs) == len(base_pairs) > 0
+    assert [q for q, _ in pairs] == [q for q, _ in base_pairs]
+    hits = 0
+    for (q, k_base), (_, k) in zip(base_pairs, pairs):
+        if q in queries and k_base == q:
+            assert k == q // 4, (q, k)
+            hits += 1
+        else:
+            assert k == k_base, (q, k_base, k)
+    assert hits > 0
+
+
+def merged_queries(pairs, tokens, ratio=0.5):
+    """How many self-attentions over a `tokens` grid saw it merged (queries and keys both)."""
+    merged = tokens - int(tokens * ratio)
+    assert not any(q == tokens for q, _ in pairs), "a block at that level did not merge"
+    return sum(1 for q, k in pairs if q == k == merged)
 
 
 @pytest.fixture(scope="module")
@@ -92,92 +124,110 @@ def test_downsample_equals_attention_over_keys_downsampled_by_hand(sd1_unet, met
 def test_downsample_keeps_queries_full_and_shrinks_keys_at_the_default_levels():
     for config, level in ((T.SD1_UNET, 1), (T.SDXL_UNET, 2)):
         unet = T.unet(config)
+        with self_attention_pairs(unet) as base:
+            forward(unet, T.unet_inputs(2, 16, 16))
         tomesd.apply_patch(unet, mode="downsample")
-        seen, handles = kv_lengths(unet)
-        forward(unet, T.unet_inputs(2, 16, 16))
-        for handle in handles:
-            handle.remove()
+        with self_attention_pairs(unet) as pairs:
+            forward(unet, T.unet_inputs(2, 16, 16))
         tomesd.remove_patch(unet)
-        n = (16 // level) ** 2
-        queries = [v for k, v in seen if k == "q"]
-        keys = [v for k, v in seen if k == "k"]
-        assert n in queries and n // 4 in keys  # the level of the default rule, keys 1/4
-        for q, k in zip(queries, keys):
-            assert k == (q // 4 if q == n else q)  # every other level untouched
+        # the level of the default rule gets a quarter of the keys; every other level is untouched
+        assert_keys_quartered_only_at(base, pairs, {(16 // level) ** 2})
 
 
 def test_downsample_on_ldm_and_controlnet_models(tmp_path):
     # SD2's level-1 blocks here take keys from the text (disable_self_attn): nothing to downsample
     # there, so level 2 is reached with max_downsample=2.
-    for sd2, max_downsample in ((False, None), (True, 1), (True, 2)):
+    # Level 1 is 16x16 = 256 tokens, level 2 (and LDM's middle block) 8x8 = 64.
+    for sd2, max_downsample, quartered in ((False, None, {256}), (True, 1, set()), (True, 2, {64})):
         model = T.ldm_model(sd2=sd2)
         x, t, c = T.unet_inputs()
         run = lambda: model.model.diffusion_model(x, t.expand(2), c)
-        with torch.no_grad():
+        with torch.no_grad(), self_attention_pairs(model.model.diffusion_model) as base_pairs:
             base = run()
-            tomesd.apply_patch(model, mode="downsample", downsample_method="avg", max_downsample=max_downsample)
+        tomesd.apply_patch(model, mode="downsample", downsample_method="avg", max_downsample=max_downsample)
+        with torch.no_grad(), self_attention_pairs(model.model.diffusion_model) as pairs:
             down = run()
-            tomesd.remove_patch(model)
+        tomesd.remove_patch(model)
+        with torch.no_grad():
             again = run()
         effect = (down - base).abs().max().item()
-        assert effect == 0 if (sd2, max_downsample) == (True, 1) else effect > 1000 * TOL
+        if quartered:
+            assert effect > 1000 * TOL
+            assert_keys_quartered_only_at(base_pairs, pairs, quartered)
+        else:  # SD2's level-1 self-attention takes its keys from the text: nothing changes at all
+            assert effect == 0 and pairs == base_pairs
         assert torch.equal(again, base)
     from diffusers import ControlNetModel
 
     controlnet = T.randomize_(ControlNetModel.from_unet(T.unet(), conditioning_embedding_out_channels=(8, 16)), 3)
     x, t, c = T.unet_inputs()
     cond = torch.randn(2, 3, 32, 32)
-    seen, handles = kv_lengths(controlnet)
-    with torch.no_grad():
+    with torch.no_grad(), self_attention_pairs(controlnet) as base_pairs:
         base = controlnet(x, t, c, cond, return_dict=False)[1]
-        tomesd.apply_patch(controlnet, mode="downsample")
+    tomesd.apply_patch(controlnet, mode="downsample")
+    with torch.no_grad(), self_attention_pairs(controlnet) as pairs:  # the patched call alone
         down = controlnet(x, t, c, cond, return_dict=False)[1]
-        tomesd.remove_patch(controlnet)
-    for handle in handles:
-        handle.remove()
-    assert ("k", 16 * 16 // 4) in seen
+    tomesd.remove_patch(controlnet)
+    assert_keys_quartered_only_at(base_pairs, pairs, {16 * 16})
     assert (down - base).abs().max().item() > 1000 * TOL
 
 
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        dict(mode="downsample", ratio=0.5),
-        dict(mode="downsample", use_rand=False),
-        dict(mode="downsample", seed=1),
-        dict(mode="downsample", reuse_steps=2),
-        dict(mode="downsample", downsample_factor=0),
-        dict(mode="downsample", downsample_factor=1.5),
-        dict(mode="downsample", downsample_method="bicubic"),
-        dict(mode="merge", downsample_factor=2),
-        dict(downsample_method="avg"),
-        dict(mode="todo"),
-        dict(reuse_steps=0),
-        dict(reuse_steps=2.0),
-        dict(share_across_blocks="yes"),
-        dict(merge_attn=False, reuse_steps=2),
-    ],
-)
-def test_arguments_a_mode_cannot_use_are_refused_and_leave_the_model_alone(sd1_unet, kwargs):
+# (arguments, the name the error must give). Under mode="downsample", every argument the README
+# lists as refused; then bad values of the modes' own arguments.
+REFUSED = [
+    (dict(mode="downsample", ratio=0.5), "ratio"),
+    (dict(mode="downsample", sx=2), "sx"),
+    (dict(mode="downsample", sy=2), "sy"),
+    (dict(mode="downsample", use_rand=False), "use_rand"),
+    (dict(mode="downsample", merge_attn=True), "merge_attn"),
+    (dict(mode="downsample", merge_crossattn=True), "merge_crossattn"),
+    (dict(mode="downsample", merge_mlp=False), "merge_mlp"),
+    (dict(mode="downsample", seed=1), "seed"),
+    (dict(mode="downsample", reuse_steps=2), "reuse_steps"),
+    (dict(mode="downsample", share_across_blocks=True), "share_across_blocks"),
+    (dict(mode="downsample", downsample_factor=0), "downsample_factor"),
+    (dict(mode="downsample", downsample_factor=1.5), "downsample_factor"),
+    (dict(mode="downsample", downsample_method="bicubic"), "downsample_method"),
+    (dict(mode="merge", downsample_factor=2), "downsample_factor"),
+    (dict(downsample_method="avg"), "downsample_method"),
+    (dict(mode="todo"), "mode"),
+    (dict(reuse_steps=0), "reuse_steps"),
+    (dict(reuse_steps=2.0), "reuse_steps"),
+    (dict(share_across_blocks="yes"), "share_across_blocks"),
+    (dict(merge_attn=False, reuse_steps=2), "reuse_steps"),
+]
+
+
+@pytest.mark.parametrize("kwargs,name", REFUSED, ids=[name + "-" + str(i) for i, (_, name) in enumerate(REFUSED)])
+def test_arguments_a_mode_cannot_use_are_refused_and_leave_the_model_alone(sd1_unet, kwargs, name):
     inputs = T.unet_inputs()
     base = forward(sd1_unet, inputs)
-    with pytest.raises((ValueError, TypeError)) as info:
+    with pytest.raises(ValueError, match=rf"^{name}\b"):  # opens with the name of what was wrong
         tomesd.apply_patch(sd1_unet, **kwargs)
-    assert any(name in str(info.value) for name in kwargs), info.value  # names what was wrong
     assert not hasattr(sd1_unet, hooks.PATCH_ATTR)
     assert torch.equal(forward(sd1_unet, inputs), base)
 
 
 def count_matches(monkeypatch):
-    calls = []
+    """A list that gets each merge hooks.compute_merge returns, in order (the matchings computed)."""
+    computed = []
     real = hooks.compute_merge
 
     def spy(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
+        merge = real(*args, **kwargs)
+        computed.append(merge)
+        return merge
 
     monkeypatch.setattr(hooks, "compute_merge", spy)
-    return calls
+    return computed
+
+
+@contextlib.contextmanager
+def replayed(monkeypatch, pick):
+    """Exact ToMe, except that each matching is `pick(metric tokens)` instead of being computed."""
+    with monkeypatch.context() as m:
+        m.setattr(hooks, "compute_merge", lambda xp, metric, *args, **kwargs: pick(metric.shape[1]))
+        yield
 
 
 def step_inputs(t, seed, batch=2, h=16, w=16):
@@ -185,83 +235,152 @@ def step_inputs(t, seed, batch=2, h=16, w=16):
     return x, torch.tensor(t), c
 
 
+MERGING_BLOCKS = 3  # tiny SD1 at the default level: 1 down + 2 up blocks over the 16x16 grid
+
+
 def test_reuse_steps_recomputes_on_a_new_timestep_not_on_a_second_call(sd1_unet, monkeypatch):
     calls = count_matches(monkeypatch)
-    merging_blocks = 3  # tiny SD1: 1 down + 2 up blocks at the finest level
     tomesd.apply_patch(sd1_unet, ratio=0.5, reuse_steps=3)
     try:
-        counts = []
-        # Two calls per step (classifier-free guidance as two calls), steps at timesteps 900..300.
+        counts, merged = [], []
+        # Two calls per step (classifier-free guidance as two calls), steps at timesteps 900..400.
         for step, t in enumerate([900, 800, 700, 600, 500, 400]):
             for half in range(2):
                 before = len(calls)
-                forward(sd1_unet, step_inputs(t, seed=10 * step + half))
+                with self_attention_pairs(sd1_unet) as pairs:
+                    forward(sd1_unet, step_inputs(t, seed=10 * step + half))
                 counts.append(len(calls) - before)
-        # Matched at steps 0 and 3 (first call only); every other call reuses.
-        assert counts == [merging_blocks, 0, 0, 0, 0, 0, merging_blocks, 0, 0, 0, 0, 0]
+                merged.append(merged_queries(pairs, 16 * 16))
+        # Matched at steps 0 and 3 (first call only); every other call reuses ...
+        assert counts == [MERGING_BLOCKS, 0, 0, 0, 0, 0, MERGING_BLOCKS, 0, 0, 0, 0, 0]
+        # ... and still merges: every block of the level attends over the merged tokens at every call.
+        assert merged == [MERGING_BLOCKS] * 12
         # A new denoising run (the timestep rises again) matches anew, at once.
         before = len(calls)
         forward(sd1_unet, step_inputs(900, seed=3))
-        assert len(calls) - before == merging_blocks
+        assert len(calls) - before == MERGING_BLOCKS
         # A different batch or grid matches anew, at once, even with the same token count (16x24 vs 24x16).
         before = len(calls)
         forward(sd1_unet, step_inputs(800, seed=1, batch=4))
         forward(sd1_unet, step_inputs(700, seed=1, h=16, w=24))
         forward(sd1_unet, step_inputs(600, seed=1, h=24, w=16))
-        assert len(calls) - before == 3 * merging_blocks
+        assert len(calls) - before == 3 * MERGING_BLOCKS
         # With gradients on (training), every call matches: each is a new batch of images.
         before = len(calls)
         x, t, c = step_inputs(500, seed=2)
         sd1_unet(x, t, c)
         sd1_unet(x, torch.tensor(400), c)
-        assert len(calls) - before == 2 * merging_blocks
+        assert len(calls) - before == 2 * MERGING_BLOCKS
     finally:
         tomesd.remove_patch(sd1_unet)
 
 
-def test_reuse_steps_output_is_the_anchor_steps_matching(sd1_unet):
+def test_a_reusing_step_is_exact_tome_with_the_anchor_steps_matching_replayed(sd1_unet, monkeypatch):
+    """reuse_steps=3 over 4 steps: steps 1 and 2 run exact ToMe's computation on step 0's matching
+    (its random dst pattern included); step 3 matches afresh."""
     steps = [step_inputs(t, seed=s) for s, t in enumerate([900, 700, 500, 300])]
-    exact = []
+    base = [forward(sd1_unet, inputs) for inputs in steps]
     tomesd.apply_patch(sd1_unet, ratio=0.5)
     exact = [forward(sd1_unet, inputs) for inputs in steps]
+    computed = count_matches(monkeypatch)
     tomesd.apply_patch(sd1_unet, ratio=0.5, reuse_steps=3)
+    reused = [forward(sd1_unet, inputs) for inputs in steps]
+    monkeypatch.undo()
+    assert len(computed) == 2 * MERGING_BLOCKS  # at steps 0 and 3
+    anchor = iter(computed[:MERGING_BLOCKS])  # step 0's matchings, in block order
+    tomesd.apply_patch(sd1_unet, ratio=0.5)
     try:
-        reused = [forward(sd1_unet, inputs) for inputs in steps]
+        with replayed(monkeypatch, lambda n: next(anchor)):
+            replay_1 = forward(sd1_unet, steps[1])
+        anchor = iter(computed[:MERGING_BLOCKS])
+        with replayed(monkeypatch, lambda n: next(anchor)):
+            replay_2 = forward(sd1_unet, steps[2])
     finally:
         tomesd.remove_patch(sd1_unet)
-    base = [forward(sd1_unet, inputs) for inputs in steps]
-    assert (exact[1] - base[1]).abs().max().item() > 1000 * TOL  # merging matters here
+    for i in range(4):
+        assert (exact[i] - base[i]).abs().max().item() > 1000 * TOL  # merging matters at every step
     assert torch.equal(reused[0], exact[0]) and torch.equal(reused[3], exact[3])  # matched afresh
-    assert (reused[1] - exact[1]).abs().max().item() > 100 * TOL  # step 1 used step 0's matching
+    for i, replay in ((1, replay_1), (2, replay_2)):
+        assert (reused[i] - exact[i]).abs().max().item() > 100 * TOL  # not this step's own matching ...
+        assert torch.equal(reused[i], replay)  # ... but step 0's, merged and unmerged as exact ToMe does
 
 
-def test_reuse_steps_one_is_exact_tome(sd1_unet):
-    inputs = T.unet_inputs()
-    tomesd.apply_patch(sd1_unet, ratio=0.5)
-    exact = forward(sd1_unet, inputs)
+def fresh_tome(model, inputs, **kwargs):
+    """Exact ToMe on one call, from a patch applied just for it: nothing can be reused."""
+    tomesd.apply_patch(model, ratio=0.5, **kwargs)
+    try:
+        return forward(model, inputs)
+    finally:
+        tomesd.remove_patch(model)
+
+
+def test_reuse_steps_one_is_exact_tome_at_every_step(sd1_unet):
+    steps = [step_inputs(t, seed=s) for s, t in enumerate([900, 900, 700, 500, 300])]
+    base = [forward(sd1_unet, inputs) for inputs in steps]
+    exact = [fresh_tome(sd1_unet, inputs) for inputs in steps]
     tomesd.apply_patch(sd1_unet, ratio=0.5, reuse_steps=1)
     try:
-        assert torch.equal(forward(sd1_unet, inputs), exact)
+        ours = [forward(sd1_unet, inputs) for inputs in steps]
     finally:
         tomesd.remove_patch(sd1_unet)
+    for b, e, o in zip(base, exact, ours):
+        assert (e - b).abs().max().item() > 1000 * TOL
+        assert torch.equal(o, e)
 
 
-def test_share_across_blocks_matches_once_per_level_and_call(sd1_unet, monkeypatch):
-    calls = count_matches(monkeypatch)
+def test_share_across_blocks_later_blocks_merge_with_their_levels_first_matching(sd1_unet, monkeypatch):
+    inputs = T.unet_inputs()
+    tomesd.apply_patch(sd1_unet, ratio=0.5, max_downsample=2)
+    exact = forward(sd1_unet, inputs)
+    computed = count_matches(monkeypatch)
     tomesd.apply_patch(sd1_unet, ratio=0.5, max_downsample=2, share_across_blocks=True)
     try:
-        forward(sd1_unet, T.unet_inputs())
-        assert len(calls) == 2  # levels 1 and 2
+        with self_attention_pairs(sd1_unet) as pairs:
+            shared = forward(sd1_unet, inputs)
+        assert len(computed) == 2  # levels 1 and 2: one matching each
         forward(sd1_unet, T.unet_inputs(seed=7))
-        assert len(calls) == 4  # and again at the next call: nothing kept across calls
-        out = forward(sd1_unet, T.unet_inputs())
+        assert len(computed) == 4  # and again at the next call: nothing kept across calls
+    finally:
+        monkeypatch.undo()
+        tomesd.remove_patch(sd1_unet)
+    # Every block of both levels still merges (3 blocks over 16x16, 3 over 8x8) ...
+    assert merged_queries(pairs, 16 * 16) == 3 and merged_queries(pairs, 8 * 8) == 3
+    # ... with its level's first matching: exact ToMe given that matching in every block gives the same.
+    first = {merge.num_tokens: merge for merge in computed[:2]}
+    tomesd.apply_patch(sd1_unet, ratio=0.5, max_downsample=2)
+    try:
+        with replayed(monkeypatch, lambda n: first[n]):
+            replay = forward(sd1_unet, inputs)
     finally:
         tomesd.remove_patch(sd1_unet)
-    assert (out - forward(sd1_unet, T.unet_inputs())).abs().max().item() > 1000 * TOL
+    assert (shared - exact).abs().max().item() > 100 * TOL  # later blocks did not match on their own
+    assert torch.equal(shared, replay)
 
 
-def loop(model, seed):
-    return [forward(model, step_inputs(t, seed=seed + t)) for t in (900, 900, 700, 700, 500, 300, 100)]
+def test_kept_matches_live_across_calls_and_are_dropped_by_remove_patch(sd1_unet, monkeypatch):
+    computed = count_matches(monkeypatch)
+    tomesd.apply_patch(sd1_unet, ratio=0.5, reuse_steps=3)
+    try:
+        forward(sd1_unet, step_inputs(900, seed=1))
+        forward(sd1_unet, step_inputs(700, seed=2))
+    finally:
+        monkeypatch.undo()
+        kept = [weakref.ref(merge) for merge in computed]
+        del computed[:]
+        gc.collect()
+        alive_between_calls = sum(ref() is not None for ref in kept)
+        tomesd.remove_patch(sd1_unet)
+    gc.collect()
+    assert alive_between_calls == MERGING_BLOCKS  # kept for the next steps ...
+    assert all(ref() is None for ref in kept)  # ... and gone with the patch, the model still alive
+
+
+def loop(model, seed, sync=lambda: None):
+    outs = []
+    for t in (900, 900, 700, 700, 500, 300, 100):
+        sync()
+        outs.append(forward(model, step_inputs(t, seed=seed + t)))
+    return outs
 
 
 @pytest.mark.parametrize("kwargs", [dict(ratio=0.5, reuse_steps=2), dict(mode="downsample", downsample_method="avg")])
@@ -269,7 +388,10 @@ def test_concurrent_denoising_loops_equal_serial_ones(sd1_unet, kwargs):
     tomesd.apply_patch(sd1_unet, **kwargs)
     try:
         expected = [loop(sd1_unet, seed) for seed in (1, 2)]
-        results = run_in_threads(lambda i: loop(sd1_unet, 1 + i % 2))
+        overlap = Overlap(sd1_unet)
+        results = run_in_threads(lambda i, sync: loop(sd1_unet, 1 + i % 2, sync))
+        overlap.remove()
+        assert overlap.most > 1  # the loops' calls really ran at the same time
         for i, outs in results.items():
             for out, exp in zip(outs, expected[i % 2]):
                 assert torch.equal(out, exp)
@@ -287,6 +409,29 @@ def test_deepcopy_of_a_patched_model_runs_alike_and_apart(kwargs):
     tomesd.remove_patch(twin)
     assert not hasattr(twin, hooks.PATCH_ATTR)
     assert hasattr(unet, hooks.PATCH_ATTR)
+
+
+def test_a_copy_made_mid_loop_keeps_no_matches_and_leaves_the_original_alone(monkeypatch):
+    steps = [step_inputs(t, seed=s) for s, t in enumerate([900, 700, 500])]
+    unet, twin_of_fresh = T.unet(), T.unet()  # same seed: the same weights
+    for model in (unet, twin_of_fresh):
+        tomesd.apply_patch(model, ratio=0.5, reuse_steps=3)
+    expected = [forward(twin_of_fresh, inputs) for inputs in steps]  # an uncopied run of the same loop
+    tomesd.apply_patch(twin_of_fresh, ratio=0.5)
+    exact_at_step_2 = forward(twin_of_fresh, steps[2])
+    forward(unet, steps[0])
+    forward(unet, steps[1])  # mid-loop: the original holds step 0's matches
+    twin = copy.deepcopy(unet)
+    computed = count_matches(monkeypatch)
+    twin_out = forward(twin, steps[2])  # the next lower timestep: would reuse, had matches been copied
+    assert len(computed) == MERGING_BLOCKS  # matched afresh
+    assert torch.equal(twin_out, exact_at_step_2)
+    tomesd.remove_patch(twin)
+    del computed[:]
+    out = forward(unet, steps[2])  # the original goes on reusing its own step 0 matches
+    assert len(computed) == 0
+    assert (expected[2] - exact_at_step_2).abs().max().item() > 100 * TOL
+    assert torch.equal(out, expected[2])
 
 
 def test_reuse_steps_refuses_a_compiled_graph_clearly(sd1_unet):

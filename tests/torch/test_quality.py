@@ -2,6 +2,7 @@
 
 Runs on the shipped weights (tomesd/quality/weights), small sample counts, few steps."""
 import json
+import math
 
 import pytest
 import torch
@@ -26,44 +27,59 @@ def scores(report, name):
 def test_trained_baseline_draws_the_digits_it_is_asked_for(trained):
     report = Y.evaluate([Y.DEFAULT_SETTINGS[0], EXACT], models=trained, **SMALL)
     base = scores(report, "baseline")
-    assert base.accuracy >= 0.8, base
+    assert base.accuracy >= 0.8, base  # an untrained model scores near chance (below)
     exact = scores(report, EXACT.name)
-    assert exact.psnr > report["noise_band"]["unrelated"]["psnr"] + 5  # far closer than an unrelated sample
+    # ToMe moved the samples (a patch that did nothing scores an infinite PSNR) ...
+    assert math.isfinite(exact.psnr) and exact.psnr < 60, exact
+    # ... and they stay far closer to the baseline's than unrelated samples are (measured: 40.6 vs 13.8 dB).
+    assert exact.psnr > report["noise_band"]["unrelated"]["psnr"] + 20, (exact, report["noise_band"])
+    # The sampling is deterministic: ToMe at this level measured 40.6 dB; with its unmerge broken at this
+    # level alone, 38.1 dB. A bound between them catches such a break in the library itself.
+    assert exact.psnr > 39.3, exact
 
 
-# Every attention level: the digits UNet leans little on its 32x32 attention (see the README), so a
-# merge broken there alone moves samples little; across all levels it must show.
+# The digits UNet leans little on its 32x32 attention (see the README): a merge broken there alone
+# moves samples by a few dB (measured: 40.6 -> 38.1); across every attention level by far more (31.2 -> 19.2).
 ALL_LEVELS = Y.Setting("ToMe r=0.5 max_downsample=4", dict(ratio=0.5, max_downsample=4))
 
 
-def test_a_broken_merge_scores_clearly_worse_than_exact_tome(trained, monkeypatch):
-    exact = scores(Y.evaluate([Y.DEFAULT_SETTINGS[0], ALL_LEVELS], models=trained, **SMALL), ALL_LEVELS.name)
+def broken_unmerge(monkeypatch):
+    """A merge whose unmerge hands every token some other token's output."""
     unmerge = TokenMerge.unmerge
     perms = {}
 
-    def shuffled(self, x):  # every token gets some other token's output
+    def shuffled(self, x):
         out = unmerge(self, x)
         n = out.shape[1]
         perm = perms.setdefault(n, torch.randperm(n, generator=torch.Generator().manual_seed(n)))
         return out[:, perm]
 
     monkeypatch.setattr(TokenMerge, "unmerge", shuffled)
-    broken = scores(Y.evaluate([Y.DEFAULT_SETTINGS[0], ALL_LEVELS], models=trained, **SMALL), ALL_LEVELS.name)
-    assert broken.psnr < exact.psnr - 6, (broken, exact)  # far from the baseline's samples
-    assert broken.ssim < exact.ssim - 0.1, (broken, exact)
-    assert broken.fd > 1.5 * exact.fd, (broken, exact)  # and from the real digits
-    assert broken.accuracy <= exact.accuracy
+
+
+@pytest.mark.parametrize("setting,psnr_drop,ssim_drop,fd_factor", [(EXACT, 1.5, 0.005, None), (ALL_LEVELS, 6, 0.1, 1.5)],
+                         ids=["default-level", "every-level"])
+def test_a_broken_merge_scores_clearly_worse_than_exact_tome(trained, monkeypatch, setting, psnr_drop, ssim_drop,
+                                                            fd_factor):
+    exact = scores(Y.evaluate([Y.DEFAULT_SETTINGS[0], setting], models=trained, **SMALL), setting.name)
+    broken_unmerge(monkeypatch)
+    broken = scores(Y.evaluate([Y.DEFAULT_SETTINGS[0], setting], models=trained, **SMALL), setting.name)
+    assert broken.psnr < exact.psnr - psnr_drop, (broken, exact)  # farther from the baseline's samples
+    assert broken.ssim < exact.ssim - ssim_drop, (broken, exact)
+    if fd_factor is not None:
+        assert broken.fd > fd_factor * exact.fd, (broken, exact)  # and from the real digits
+    # Accuracy is not asserted: both score 1.0 on 40 samples, so it cannot rank these (see the README).
 
 
 def test_an_untrained_model_scores_near_chance(trained):
+    torch.manual_seed(0)  # before building: the initial weights come from the global generator
     untrained = M.build()
-    torch.manual_seed(0)
     for module in untrained:
         module.eval()
     models = (untrained[0], untrained[1], trained[2])  # the trained classifier judges it
     base = scores(Y.evaluate([Y.DEFAULT_SETTINGS[0]], models=models, **SMALL), "baseline")
     good = scores(Y.evaluate([Y.DEFAULT_SETTINGS[0]], models=trained, **SMALL), "baseline")
-    assert base.accuracy <= 0.3, base
+    assert good.accuracy >= 0.8 and base.accuracy <= 0.3, (base, good)
     assert base.fd > 3 * good.fd, (base, good)
 
 

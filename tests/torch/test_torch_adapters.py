@@ -6,7 +6,7 @@ import torch
 import tiny_torch as T
 import tomesd
 from references import load_tomesd_ref
-from threads import run_in_threads
+from threads import Overlap, run_in_threads
 from tomesd.adapters.hooks import PATCH_ATTR
 
 ref = load_tomesd_ref()
@@ -42,9 +42,14 @@ def with_ours(model, run, **kwargs):
         tomesd.remove_patch(model)
 
 
-def assert_parity(base, ours, theirs):
+def assert_acts(ours, base):
+    """ToMe changed the output far beyond the tolerance, so comparing `ours` is not comparing a no-op."""
     effect = (ours - base).abs().max().item()
     assert effect > 1000 * TOL, f"ToMe changed the output by only {effect}: the check would be vacuous"
+
+
+def assert_parity(base, ours, theirs):
+    assert_acts(ours, base)
     assert (ours - theirs).abs().max().item() < TOL
 
 
@@ -124,10 +129,13 @@ def test_remove_restores_bit_identical_outputs_and_leaves_nothing(sd1_unet):
 )
 def test_bad_arguments_raise_and_leave_the_patch_in_place(sd1_unet, bad):
     inputs = T.unet_inputs()
+    base = forward(sd1_unet, inputs)
     tomesd.apply_patch(sd1_unet, ratio=0.5, use_rand=False)
     try:
         patched, snapshot = forward(sd1_unet, inputs), module_snapshot(sd1_unet)
-        with pytest.raises((ValueError, TypeError)):
+        assert_acts(patched, base)  # ToMe acts, far beyond the tolerance
+        (name,) = bad
+        with pytest.raises(ValueError, match=name):
             tomesd.apply_patch(sd1_unet, **bad)
         assert module_snapshot(sd1_unet) == snapshot
         assert torch.equal(forward(sd1_unet, inputs), patched)
@@ -150,8 +158,10 @@ def test_unsupported_objects_are_refused_clearly():
 def test_seed_reproducible_and_global_rng_untouched(sd1_unet):
     inputs = T.unet_inputs()
     run = lambda: forward(sd1_unet, inputs)  # noqa: E731
+    base = run()
     first, again = with_ours(sd1_unet, run, seed=1), with_ours(sd1_unet, run, seed=1)
     other = with_ours(sd1_unet, run, seed=2)
+    assert_acts(first, base)  # ToMe acts, far beyond the tolerance
     assert torch.equal(first, again)
     assert not torch.equal(first, other)
     # Within one patch too: a call's pattern depends on its timestep, not on how many calls came before.
@@ -177,6 +187,7 @@ def test_seed_reproducible_and_global_rng_untouched(sd1_unet):
 @pytest.mark.parametrize("use_rand", [False, True])
 def test_concurrent_calls_at_two_resolutions_equal_sequential_ones(sd1_unet, use_rand):
     jobs = [T.unet_inputs(2, 16, 16, seed=5), T.unet_inputs(2, 24, 20, seed=6)]
+    bases = [forward(sd1_unet, job) for job in jobs]
     tomesd.apply_patch(sd1_unet, ratio=0.5, use_rand=use_rand, seed=4)
     try:
         seen = []
@@ -185,7 +196,20 @@ def test_concurrent_calls_at_two_resolutions_equal_sequential_ones(sd1_unet, use
         expected = [forward(sd1_unet, job) for job in jobs]
         handle.remove()
         assert seen == [16 * 16 // 2, 24 * 20 // 2]  # both resolutions merge
-        results = run_in_threads(lambda i: [forward(sd1_unet, jobs[i % 2]) for _ in range(3)])
+        for out, base in zip(expected, bases):
+            assert_acts(out, base)  # ToMe acts at both, far beyond the tolerance
+        overlap = Overlap(sd1_unet)
+
+        def job(i, sync):
+            outs = []
+            for _ in range(3):
+                sync()  # every thread's call starts together
+                outs.append(forward(sd1_unet, jobs[i % 2]))
+            return outs
+
+        results = run_in_threads(job)
+        overlap.remove()
+        assert overlap.most > 1  # the calls really ran at the same time
         for i, outs in results.items():
             for out in outs:
                 assert torch.equal(out, expected[i % 2])
@@ -208,8 +232,10 @@ def test_chunked_feed_forward_with_merge_mlp_is_refused():
         tomesd.apply_patch(unet, merge_mlp=True)
     assert module_snapshot(unet) == snapshot
     set_chunking(unet, None)
+    base = forward(unet, inputs)
     tomesd.apply_patch(unet, merge_mlp=True, use_rand=False)
     merged_mlp = forward(unet, inputs)
+    assert_acts(merged_mlp, base)  # ToMe acts, far beyond the tolerance
     set_chunking(unet, 2)  # enabled after patching: refused at call time
     with pytest.raises(ValueError, match="chunk"):
         forward(unet, inputs)
@@ -409,6 +435,7 @@ def test_roots_whose_input_is_not_an_image_latent_are_refused_at_apply_time(name
 
 def test_inputs_by_keyword_equal_inputs_by_position(sd1_unet):
     x, t, c = T.unet_inputs()
+    base = forward(sd1_unet, (x, t, c))
     tomesd.apply_patch(sd1_unet, ratio=0.5)
     try:
         with torch.no_grad():
@@ -417,6 +444,7 @@ def test_inputs_by_keyword_equal_inputs_by_position(sd1_unet):
             other_step = sd1_unet(sample=x, timestep=t + 7, encoder_hidden_states=c).sample
     finally:
         tomesd.remove_patch(sd1_unet)
+    assert_acts(keyword, base)  # ToMe acts, far beyond the tolerance
     assert torch.equal(positional, keyword)
     assert not torch.equal(keyword, other_step)  # the keyword timestep keys the pattern
 

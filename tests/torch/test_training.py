@@ -91,10 +91,9 @@ def test_ldm_use_checkpoint_gives_the_same_loss_and_gradients(use_rand):
     assert_same(loss_and_grads(model, ldm_forward), plain)
 
 
-def test_a_few_steps_of_adapter_style_fine_tuning_lower_the_loss():
-    """Only the attention projections train (a small set of parameters), with checkpointing on."""
-    unet = T.unet().train()
-    tomesd.apply_patch(unet, ratio=0.5)
+def fine_tune(unet, steps=6):
+    """Adapter-style: only the attention projections train (a small set), checkpointing on. Returns
+    the losses and the query tokens of the first self-attention in each step's forward and recompute."""
     unet.enable_gradient_checkpointing()
     trainable = [p for name, p in unet.named_parameters() if name.endswith(("to_q.weight", "to_v.weight"))]
     for p in unet.parameters():
@@ -102,14 +101,31 @@ def test_a_few_steps_of_adapter_style_fine_tuning_lower_the_loss():
     for p in trainable:
         p.requires_grad_(True)
     assert 0 < sum(p.numel() for p in trainable) < sum(p.numel() for p in unet.parameters()) / 5
+    block = next(m for m in unet.modules() if type(m).__name__ == "BasicTransformerBlock")
+    queries = []
+    handle = block.attn1.to_q.register_forward_pre_hook(lambda m, a: queries.append(a[0].shape[1]))
     optimizer = torch.optim.Adam(trainable, lr=3e-3)
     x, t, c = T.unet_inputs()
     target = torch.randn(x.shape, generator=torch.Generator().manual_seed(9))
     losses = []
-    for step in range(6):
+    for step in range(steps):
         optimizer.zero_grad()
         loss = torch.nn.functional.mse_loss(unet(x, t + step, c).sample, target)
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
+    handle.remove()
+    return losses, queries
+
+
+def test_a_few_steps_of_adapter_style_fine_tuning_lower_the_loss():
+    plain_losses, plain_queries = fine_tune(T.unet().train())
+    unet = T.unet().train()
+    tomesd.apply_patch(unet, ratio=0.5)
+    losses, queries = fine_tune(unet)
     assert losses[-1] < 0.9 * losses[0], losses
+    # Tokens were merged in every forward and in every checkpointed recompute (16x16 grid halved) ...
+    assert plain_queries == [16 * 16] * len(plain_queries) and len(plain_queries) >= 2 * len(losses)
+    assert queries == [16 * 16 // 2] * len(plain_queries)
+    # ... and so the training itself differs from an unpatched run, at every step.
+    assert all(abs(a - b) > 1e-3 * abs(b) for a, b in zip(losses, plain_losses)), (losses, plain_losses)
