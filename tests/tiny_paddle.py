@@ -74,3 +74,43 @@ def run_pipeline(pipe, num_controlnets: int = 1):
         num_inference_steps=2, height=32, width=32, output_type="np",
         generator=paddle.Generator().manual_seed(0),
     ).images
+
+
+def ensure_math_attention() -> None:
+    """ppdiffusers' SD3 attention calls paddle.nn.functional.scaled_dot_product_attention_, which
+    ppdiffusers defines only when its GPU attention kernels load. On a CPU, supply the math it stands
+    for (inputs [B, S, heads, D], softmax(q k^T / sqrt(D)) v); the SD3 tests first prove the unpatched
+    paddle model equal to diffusers' with it."""
+    import paddle.nn.functional as F
+
+    if hasattr(F, "scaled_dot_product_attention_"):
+        return
+
+    def scaled_dot_product_attention_(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                      scale=None, training=True, attention_op=None):
+        if attn_mask is not None or is_causal or dropout_p:
+            raise NotImplementedError("the CPU stand-in computes plain attention only")
+        q, k, v = (t.transpose([0, 2, 1, 3]) for t in (query, key, value))
+        weights = F.softmax(paddle.matmul(q, k, transpose_y=True) * (scale or q.shape[-1] ** -0.5), axis=-1)
+        return paddle.matmul(weights, v).transpose([0, 2, 1, 3])
+
+    F.scaled_dot_product_attention_ = scaled_dot_product_attention_
+
+
+def twin_transformer(kind: str, folder):
+    """(torch model, the same weights in ppdiffusers): SD3's SD3Transformer2DModel, or PixArt as
+    ppdiffusers' Transformer2DModel (ada_norm_single). PixArt without a caption projection:
+    ppdiffusers 0.29 cannot build one on paddle 3.3 (paddle.randn(120, C) is read as a dtype)."""
+    import ppdiffusers
+    from diffusers import PixArtTransformer2DModel
+
+    if kind == "sd3":
+        ensure_math_attention()
+        torch_model = T.transformer("sd3")
+        return torch_model, load_paddle(ppdiffusers.SD3Transformer2DModel, torch_model, folder)
+    torch_model = T.randomize_(PixArtTransformer2DModel(**dict(T.PIXART, caption_channels=None)))
+    return torch_model, load_paddle(ppdiffusers.Transformer2DModel, torch_model, folder)
+
+
+def to_paddle(inputs: dict) -> dict:
+    return {k: (paddle.to_tensor(v.numpy()) if hasattr(v, "numpy") else v) for k, v in inputs.items()}

@@ -113,3 +113,46 @@ def run_pipeline(pipe, num_controlnets: int = 1):
         num_inference_steps=2, height=32, width=32, output_type="np",
         generator=torch.Generator().manual_seed(0),
     ).images
+
+
+# ---- diffusion transformers: tiny widths, the real block classes ----
+SD3 = dict(
+    sample_size=16, patch_size=2, in_channels=4, num_layers=3, attention_head_dim=8, num_attention_heads=2,
+    joint_attention_dim=16, caption_projection_dim=16, pooled_projection_dim=8, out_channels=4, pos_embed_max_size=16,
+)
+SD35 = dict(SD3, dual_attention_layers=(0, 1), qk_norm="rms_norm")  # SD3.5's image-only attn2 and qk-norm
+PIXART = dict(
+    num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=8, num_layers=3,
+    cross_attention_dim=16, sample_size=8, patch_size=2, caption_channels=16, use_additional_conditions=False,
+)
+DIT = dict(num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=8, num_layers=3,
+           sample_size=8, patch_size=2, num_embeds_ada_norm=10)
+
+
+def transformer(kind: str, seed: int = 0):
+    """A tiny SD3 / SD3.5 / PixArt / DiT transformer with strong random weights."""
+    from diffusers import DiTTransformer2DModel, PixArtTransformer2DModel, SD3Transformer2DModel
+
+    cls, config = {"sd3": (SD3Transformer2DModel, SD3), "sd35": (SD3Transformer2DModel, SD35),
+                   "pixart": (PixArtTransformer2DModel, PIXART), "dit": (DiTTransformer2DModel, DIT)}[kind]
+    return randomize_(cls(**config), seed)
+
+
+def transformer_inputs(kind: str, batch: int = 2, h: int = 16, w: int = 16, t: float = 10.0, seed: int = 1) -> dict:
+    """Keyword inputs of one forward: latent [B, 4, h, w] (a grid of h/2 x w/2 patches), text, timestep."""
+    gen = torch.Generator().manual_seed(seed)
+    inputs = dict(hidden_states=torch.randn(batch, 4, h, w, generator=gen), timestep=torch.full((batch,), t))
+    if kind in ("sd3", "sd35"):
+        inputs.update(encoder_hidden_states=torch.randn(batch, 5, 16, generator=gen),
+                      pooled_projections=torch.randn(batch, 8, generator=gen))
+    elif kind == "pixart":
+        inputs.update(encoder_hidden_states=torch.randn(batch, 5, 16, generator=gen),
+                      added_cond_kwargs={"resolution": None, "aspect_ratio": None})
+    else:
+        inputs.update(timestep=torch.full((batch,), int(t)), class_labels=torch.arange(batch) % 10)
+    return inputs
+
+
+def run_transformer(model, inputs: dict) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**inputs).sample

@@ -6,7 +6,9 @@ from .matching import (
 )
 from .downsample import KVDownsample, compute_downsample
 from .rng import DEFAULT_SEED
-from .schedule import DOWNSAMPLE_METHODS, MODES, BlockPlan, ToMeArgs, block_grid, downsample_level, plan_block
+from .schedule import (
+    DOWNSAMPLE_METHODS, MODES, BlockPlan, ToMeArgs, block_grid, downsample_level, plan_block, plan_patch_block,
+)
 
 __all__ = [
     "Backend",
@@ -28,6 +30,7 @@ __all__ = [
     "grid_partition",
     "num_cells",
     "plan_block",
+    "plan_patch_block",
     "register_backend",
     "rng",
 ]

@@ -42,8 +42,18 @@ class ToMeArgs:
     downsample_method: Optional[str] = None
     reuse_steps: Optional[int] = None
     share_across_blocks: Optional[bool] = None
+    # Diffusion transformers (one token grid for every block): the indices of the blocks that
+    # reduce; None: every block. UNets choose by max_downsample instead.
+    blocks: Optional[Tuple[int, ...]] = None
 
     def __post_init__(self) -> None:
+        if self.blocks is not None:
+            if isinstance(self.blocks, (str, bytes)) or not hasattr(self.blocks, "__iter__"):
+                raise ValueError(f"blocks must be a list of block indices or None, got {self.blocks!r}")
+            picked = tuple(self.blocks)
+            if not picked or not all(_is_int(i) and i >= 0 for i in picked):
+                raise ValueError(f"blocks must be a non-empty list of block indices (ints >= 0), got {self.blocks!r}")
+            object.__setattr__(self, "blocks", tuple(sorted(set(picked))))
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         own, other = (
@@ -185,3 +195,17 @@ def plan_block(
         # An odd batch cannot hold matching cond/uncond halves; random dst then causes artifacts.
         use_rand=args.use_rand and batch % 2 == 0,
     )
+
+
+def plan_patch_block(args: ToMeArgs, grid_hw: Tuple[int, int], batch: int, num_tokens: int, index: int) -> Optional[BlockPlan]:
+    """What block `index` of a diffusion transformer gets, or None when it is left alone.
+
+    Every block sees the same patch grid (latent sides over the patch size), so the blocks are picked by
+    index (`args.blocks`; None: all). A block whose image tokens do not fill that grid is left alone.
+    """
+    h, w = grid_hw
+    if num_tokens != h * w or (args.blocks is not None and index not in args.blocks):
+        return None
+    if args.mode == "downsample":
+        return BlockPlan(level=1, w=w, h=h, r=0, use_rand=False)
+    return BlockPlan(level=1, w=w, h=h, r=int(num_tokens * args.ratio), use_rand=args.use_rand and batch % 2 == 0)

@@ -1,7 +1,7 @@
 """tomesd's public API: apply_patch / remove_patch, for torch and paddle models alike."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from tome_core import ToMeArgs
 
@@ -25,15 +25,20 @@ def apply_patch(
     downsample_method: Optional[str] = None,
     reuse_steps: Optional[int] = None,
     share_across_blocks: Optional[bool] = None,
+    blocks: Optional[Sequence[int]] = None,
 ) -> Any:
     """Patch every denoiser of `model` (UNets and ControlNets, never the VAE) to reduce the tokens
     its transformer blocks attend over.
 
     model: a diffusers or ppdiffusers pipeline, a UNet2DConditionModel / ControlNetModel /
-      MultiControlNetModel (torch or paddle), or an LDM / SD v1-v2 model (`.model.diffusion_model`).
-    max_downsample: reduce in blocks downsampled at most this much from the latent (1, 2, 4, 8).
-      None (default): the finest level that has attention, i.e. 1 on SD1/SD2, as tomesd's
+      MultiControlNetModel (torch or paddle), an SD3 / SD3.5 (and SD3 ControlNet), PixArt or DiT
+      transformer, or an LDM / SD v1-v2 model (`.model.diffusion_model`).
+    max_downsample: UNets: reduce in blocks downsampled at most this much from the latent (1, 2, 4,
+      8). None (default): the finest level that has attention, i.e. 1 on SD1/SD2, as tomesd's
       default, and 2 on SDXL, whose full-resolution level has no attention. Every mode.
+    blocks: diffusion transformers: the indices of the blocks that reduce (default None: every
+      block); their blocks all see one patch grid, so max_downsample is refused there. Every mode.
+      Only image tokens are ever merged or downsampled; text tokens stay whole.
 
     mode="merge" (default): exact ToMe, tomesd's arguments and defaults.
       ratio (0.5): fraction of tokens merged away in each merging block.
@@ -57,7 +62,7 @@ def apply_patch(
     """
     args = ToMeArgs(
         ratio, max_downsample, sx, sy, use_rand, merge_attn, merge_crossattn, merge_mlp, seed,
-        mode, downsample_factor, downsample_method, reuse_steps, share_across_blocks,
+        mode, downsample_factor, downsample_method, reuse_steps, share_across_blocks, blocks,
     )
     return targets.apply(model, args)[0]
 

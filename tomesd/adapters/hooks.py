@@ -32,15 +32,13 @@ import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from tome_core import (
-    KVDownsample, ToMeArgs, TokenMerge, block_grid, compute_downsample, compute_merge, num_cells, plan_block, rng,
+    KVDownsample, ToMeArgs, TokenMerge, block_grid, compute_downsample, compute_merge, num_cells, plan_block,
+    plan_patch_block, rng,
 )
 
-from .frameworks import class_names
+from .kinds import BLOCK_KINDS, BlockKind, block_kind, patch_size
 
-BLOCK_CLASS = "BasicTransformerBlock"
 PATCH_ATTR = "_tome_patch"
-# Sub-layer of a block, and the ToMeArgs flag that merges around it.
-SUBLAYERS = (("attn1", "merge_attn"), ("attn2", "merge_crossattn"), ("ff", "merge_mlp"))
 _TOKENS = ("hidden_states", "x")
 _LATENT = ("sample", "x")
 _TIMESTEP = ("timestep", "timesteps", "t")
@@ -50,7 +48,11 @@ Plan = Any  # a TokenMerge (mode "merge") or a KVDownsample (mode "downsample"),
 
 
 def transformer_blocks(ops: Any, root: Any) -> List[Any]:
-    return [m for _, m in ops.named_modules(root) if BLOCK_CLASS in class_names(m)]
+    """The blocks of `root` whose kind ToMe knows (kinds.BLOCK_KINDS), in module order."""
+    return [m for _, m in ops.named_modules(root) if block_kind(m) is not None]
+
+
+KNOWN_BLOCKS = ", ".join(BLOCK_KINDS)
 
 
 class InputSpec:
@@ -95,10 +97,11 @@ class InputSpec:
 class _Call:
     """What one call of a root computes; dropped when the call returns."""
 
-    __slots__ = ("latent_hw", "timestep", "key", "draws", "finest_level", "merges", "shared", "step")
+    __slots__ = ("latent_hw", "grid_hw", "timestep", "key", "draws", "finest_level", "merges", "shared", "step")
 
     def __init__(self) -> None:
         self.latent_hw: Optional[Tuple[int, int]] = None
+        self.grid_hw: Optional[Tuple[int, int]] = None  # a diffusion transformer's patch grid
         self.timestep: Any = None
         self.key: Any = None  # computed at the call's first random draw, inside the forward
         self.draws: Dict[int, Any] = {}  # cells per block -> [blocks, cells] dst places
@@ -147,6 +150,8 @@ class ToMePatch:
         # ToMeArgs' properties inside a to_static'd forward.
         self._steps_reused, self._reuses = args.steps_reused, args.reuses
         self.blocks = transformer_blocks(ops, root)
+        self.kinds: List[BlockKind] = [block_kind(block) for block in self.blocks]
+        self.patch = patch_size(root)  # None: a UNet (tomesd's level rule picks the blocks)
         self._latent_spec = InputSpec.find(root, _LATENT, first_positional=True)
         self._timestep_spec = InputSpec.find(root, _TIMESTEP, first_positional=False)
         # (block index, sub-layer name or "") -> where that module's token input arrives
@@ -178,16 +183,40 @@ class ToMePatch:
                 f"reuse_steps needs the timestep input to tell denoising steps apart, and "
                 f"{type(self.root).__name__}.forward takes none of {_TIMESTEP}"
             )
+        name = type(self.root).__name__
+        if self.patch is not None and self.args.max_downsample is not None:
+            raise ValueError(
+                f"max_downsample has no meaning on {name}: a diffusion transformer's blocks all see one "
+                f"token grid. Choose blocks by index with blocks=[...] instead"
+            )
+        if self.patch is None and self.args.blocks is not None:
+            raise ValueError(
+                f"blocks chooses blocks of a diffusion transformer by index; {name} is a UNet, whose blocks "
+                f"are chosen by max_downsample"
+            )
+        if self.args.blocks is not None and self.args.blocks[-1] >= len(self.blocks):
+            raise ValueError(
+                f"blocks {list(self.args.blocks)} is out of range: {name} has {len(self.blocks)} transformer "
+                f"blocks (indices 0 to {len(self.blocks) - 1})"
+            )
         if self.args.mode == "downsample":
-            if any(_fused_self_attention(b) for b in self.blocks):
-                raise ValueError(_FUSED_QKV)
-            for block in self.blocks:
-                attn = getattr(block, "attn1", None)
-                if attn is not None and InputSpec.find(attn, _CONTEXT, first_positional=False) is None:
-                    raise ValueError(
-                        f"mode='downsample' passes keys and values to self-attention through its context "
-                        f"argument, and {type(attn).__name__}.forward takes none of {_CONTEXT}"
-                    )
+            for block, kind in zip(self.blocks, self.kinds):
+                for way in kind.downsample:
+                    attn = getattr(block, way.attention, None)
+                    if attn is None:
+                        continue
+                    if _fused(attn):
+                        raise ValueError(_FUSED_QKV)
+                    if way.via == "context" and InputSpec.find(attn, _CONTEXT, first_positional=False) is None:
+                        raise ValueError(
+                            f"mode='downsample' passes keys and values to self-attention through its context "
+                            f"argument, and {type(attn).__name__}.forward takes none of {_CONTEXT}"
+                        )
+                    if way.via == "projections" and not all(hasattr(attn, p) for p in _KV_PROJECTIONS):
+                        raise ValueError(
+                            f"mode='downsample' shrinks {type(block).__name__}.{way.attention}'s keys and values "
+                            f"at its {' and '.join(_KV_PROJECTIONS)} projections, and it has none"
+                        )
         if self.args.mode == "merge" and self.args.merge_mlp:
             for block in self.blocks:
                 if getattr(block, "_chunk_size", None) is not None:
@@ -197,23 +226,30 @@ class ToMePatch:
         ops = self.ops
         self._hook(self.root, ops.add_pre_hook, self._enter_root)
         self._hook(self.root, functools.partial(ops.add_post_hook, always_call=True), self._exit_root)
-        for index, block in enumerate(self.blocks):
-            self._specs[(index, "")] = InputSpec.find(block, _TOKENS, first_positional=True)
+        for index, (block, kind) in enumerate(zip(self.blocks, self.kinds)):
+            self._specs[(index, "")] = InputSpec.find(block, kind.tokens, first_positional=True)
             self._hook(block, ops.add_pre_hook, functools.partial(self._enter_block, index))
             if self.args.mode == "downsample":
-                sub = getattr(block, "attn1", None)
-                if sub is not None:
-                    self._specs[(index, "attn1")] = InputSpec.find(sub, _TOKENS, first_positional=True)
-                    self._specs[(index, "context")] = InputSpec.find(sub, _CONTEXT, first_positional=False)
-                    self._hook(sub, ops.add_pre_hook, functools.partial(self._downsample_context, index))
+                for way in kind.downsample:
+                    sub = getattr(block, way.attention, None)
+                    if sub is None:
+                        continue
+                    if way.via == "context":
+                        self._specs[(index, "attn1")] = InputSpec.find(sub, _TOKENS, first_positional=True)
+                        self._specs[(index, "context")] = InputSpec.find(sub, _CONTEXT, first_positional=False)
+                        self._hook(sub, ops.add_pre_hook, functools.partial(self._downsample_context, index))
+                    else:
+                        for projection in _KV_PROJECTIONS:
+                            self._hook(getattr(sub, projection), ops.add_pre_hook,
+                                       functools.partial(self._downsample_projection, index))
                 continue
-            for name, flag in SUBLAYERS:
-                sub = getattr(block, name, None)
-                if sub is None or not getattr(self.args, flag):
+            for layer in kind.sublayers:
+                sub = getattr(block, layer.name, None)
+                if sub is None or not getattr(self.args, layer.flag):
                     continue
-                self._specs[(index, name)] = InputSpec.find(sub, _TOKENS, first_positional=True)
-                self._hook(sub, ops.add_pre_hook, functools.partial(self._merge_input, index, name))
-                self._hook(sub, ops.add_post_hook, functools.partial(self._unmerge_output, index))
+                self._specs[(index, layer.name)] = InputSpec.find(sub, layer.tokens, first_positional=True)
+                self._hook(sub, ops.add_pre_hook, functools.partial(self._merge_input, index, layer.name))
+                self._hook(sub, ops.add_post_hook, functools.partial(self._unmerge_output, index, layer.output))
         setattr(self.root, PATCH_ATTR, self)
 
     def _hook(self, module: Any, register: Any, hook: Any) -> None:
@@ -257,6 +293,8 @@ class ToMePatch:
                 f"[B, C, H, W], got shape {list(shape)}"
             )
         call.latent_hw = (shape[-2], shape[-1])
+        if self.patch is not None:
+            call.grid_hw = (shape[-2] // self.patch, shape[-1] // self.patch)
         if self._timestep_spec is not None:
             call.timestep = self._timestep_spec.get(args, kwargs)
         if self._steps_reused > 1 and not ops.grad_enabled():  # training never reuses (see _plan_merge)
@@ -303,12 +341,15 @@ class ToMePatch:
     def _plan_merge(self, index: int, block: Any, x: Any, call: _Call) -> Plan:
         ops, args = self.ops, self.args
         batch, num_tokens = ops.shape(x)[:2]
-        if call.finest_level is None:
-            grid = block_grid(call.latent_hw, num_tokens)
-            call.finest_level = None if grid is None else grid[0]
-        if call.finest_level is None:
-            return None
-        plan = plan_block(args, call.latent_hw, batch, num_tokens, call.finest_level)
+        if call.grid_hw is not None:
+            plan = plan_patch_block(args, call.grid_hw, batch, num_tokens, index)
+        else:
+            if call.finest_level is None:
+                grid = block_grid(call.latent_hw, num_tokens)
+                call.finest_level = None if grid is None else grid[0]
+            if call.finest_level is None:
+                return None
+            plan = plan_block(args, call.latent_hw, batch, num_tokens, call.finest_level)
         if plan is None:
             return None
         if args.mode == "downsample":
@@ -374,7 +415,7 @@ class ToMePatch:
         context = self._specs[(index, "context")]
         if context is None or context.get(args, kwargs) is not None:
             return None  # keys/values already come from elsewhere (only_cross_attention): nothing to downsample
-        if _fused_self_attention(self.blocks[index]):
+        if _fused(getattr(self.blocks[index], "attn1", None)):
             raise ValueError(_FUSED_QKV)
         if kwargs.get("attention_mask") is not None:
             raise ValueError(
@@ -384,9 +425,22 @@ class ToMePatch:
         x = self._specs[(index, "attn1")].get(args, kwargs)
         return context.replace(args, kwargs, down(x))
 
-    def _unmerge_output(self, index: int, module: Any, args: tuple, output: Any) -> Any:
+    def _downsample_projection(self, index: int, module: Any, args: tuple, kwargs: dict):
+        """A key or value projection of image tokens: it projects the downsampled grid instead."""
+        down: Optional[KVDownsample] = self._current_merge(index)
+        if down is None:
+            return None
+        if args:
+            return (down(args[0]),) + args[1:], kwargs
+        return args, {**kwargs, "input": down(kwargs["input"])}
+
+    def _unmerge_output(self, index: int, position: Optional[int], module: Any, args: tuple, output: Any) -> Any:
         merge = self._current_merge(index)
-        return None if merge is None else merge.unmerge(output)
+        if merge is None:
+            return None
+        if position is None:
+            return merge.unmerge(output)
+        return output[:position] + (merge.unmerge(output[position]),) + output[position + 1:]
 
 
 _CHUNKED_FF = (
@@ -400,9 +454,11 @@ _FUSED_QKV = (
 )
 
 
-def _fused_self_attention(block: Any) -> bool:
+_KV_PROJECTIONS = ("to_k", "to_v")
+
+
+def _fused(attn: Any) -> bool:
     """diffusers' fused processors run self-attention through one to_qkv (there is no to_kv), so it
     cannot take other keys; unfusing swaps the processor back and keeps the fused weights around."""
-    attn = getattr(block, "attn1", None)
     fused_processor = "Fused" in type(getattr(attn, "processor", None)).__name__
     return fused_processor and getattr(attn, "to_kv", None) is None

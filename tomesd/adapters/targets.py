@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, List, Tuple
 
 from .frameworks import class_names, framework_of, module_ops
-from .hooks import PATCH_ATTR, ToMePatch, transformer_blocks
+from .hooks import KNOWN_BLOCKS, PATCH_ATTR, ToMePatch, transformer_blocks
 
 # Pipeline components that are never denoisers (prefixes: text_encoder_2, vae_decoder, ...).
 _NOT_DENOISERS = (
@@ -27,8 +27,8 @@ _UNSUPPORTED_ROOTS = {
 }
 
 _SUPPORTED = (
-    "a diffusers/ppdiffusers pipeline, a UNet2DConditionModel or ControlNetModel (torch or paddle), "
-    "or an LDM / Stable Diffusion model with .model.diffusion_model"
+    "a diffusers/ppdiffusers pipeline, a UNet2DConditionModel or ControlNetModel, an SD3 / SD3.5, PixArt or "
+    "DiT transformer (torch or paddle), or an LDM / Stable Diffusion model with .model.diffusion_model"
 )
 
 
@@ -94,13 +94,21 @@ def plan_patches(obj: Any, args: Any) -> List[ToMePatch]:
         if unsupported:
             name = unsupported.pop()
             raise TypeError(f"ToMe cannot patch {name}: it is {_UNSUPPORTED_ROOTS[name]}; expected {_SUPPORTED}")
+    for model in models:
+        if getattr(model, "inference_optimize", False) is True:  # ppdiffusers' INFERENCE_OPTIMIZE=True build
+            raise ValueError(
+                f"ToMe cannot patch a {type(model).__name__} built with INFERENCE_OPTIMIZE=True: its fused "
+                f"inference path runs no per-block layers to hook. Build it without that environment variable."
+            )
     patches = []
     for model in models:
         ops = module_ops(framework_of(model))
         if transformer_blocks(ops, model):
             patches.append(ToMePatch(model, args, ops))
     if not patches:
-        raise ValueError(f"found no BasicTransformerBlock in {type(obj).__name__}: nothing for ToMe to merge")
+        raise ValueError(
+            f"found no transformer block ToMe knows ({KNOWN_BLOCKS}) in {type(obj).__name__}: nothing for ToMe to merge"
+        )
     for patch in patches:
         patch.validate()
     return patches

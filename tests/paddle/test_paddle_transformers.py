@@ -1,0 +1,92 @@
+"""SD3 and PixArt on ppdiffusers: the same weights as in diffusers give the same outputs under ToMe,
+in every mode, with text tokens untouched; ppdiffusers' fused inference path is refused."""
+import numpy as np
+import paddle
+import pytest
+import torch
+
+import tiny_paddle as TP
+import tiny_torch as T
+import tomesd
+from tomesd.adapters.hooks import PATCH_ATTR
+
+# fp32 round-off relative to the output's size: the strong random weights amplify it through the blocks
+# (outputs reach ~18; unpatched, the frameworks differ by up to 5e-5 of that, patched by up to 2.1e-4).
+RTOL = 5e-4
+
+
+@pytest.fixture(scope="module", params=["sd3", "pixart"])
+def twins(request, tmp_path_factory):
+    return (request.param,) + TP.twin_transformer(request.param, tmp_path_factory.mktemp(request.param))
+
+
+def text_tokens(model):
+    """Tokens entering SD3's text projections (add_q_proj) in each block, and the hook handles."""
+    seen = []
+    handles = [m.add_q_proj.register_forward_pre_hook(lambda layer, a: seen.append(a[0].shape[1]))
+               for _, m in model.named_sublayers() if getattr(m, "add_q_proj", None) is not None]
+    return seen, handles
+
+
+def run_loop(kind, torch_model, paddle_model, timesteps):
+    outs_t, outs_p = [], []
+    for i, t in enumerate(timesteps):
+        inputs = T.transformer_inputs("pixart" if kind == "pixart" else kind, t=t, seed=i)
+        outs_t.append(T.run_transformer(torch_model, inputs).numpy())
+        with paddle.no_grad():
+            outs_p.append(paddle_model(**TP.to_paddle(inputs)).sample.numpy())
+    return outs_t, outs_p
+
+
+SETTINGS = {
+    "merge": dict(ratio=0.5), "merge-top-left": dict(ratio=0.5, use_rand=False),
+    "downsample": dict(mode="downsample"), "downsample-avg": dict(mode="downsample", downsample_method="avg"),
+    "reuse3": dict(ratio=0.5, reuse_steps=3),
+}
+
+
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+def test_torch_and_paddle_agree_over_a_denoising_loop(twins, setting):
+    kind, torch_model, paddle_model = twins
+    kwargs = SETTINGS[setting]
+    timesteps = [900.0, 900.0, 700.0, 500.0]
+    base_t, base_p = run_loop(kind, torch_model, paddle_model, timesteps)
+    tomesd.apply_patch(torch_model, **kwargs)
+    paddle_model.apply_tome(**kwargs)
+    seen, handles = text_tokens(paddle_model)
+    try:
+        out_t, out_p = run_loop(kind, torch_model, paddle_model, timesteps)
+    finally:
+        for handle in handles:
+            handle.remove()
+        tomesd.remove_patch(torch_model)
+        paddle_model.remove_tome()
+    for bt, bp, ot, op in zip(base_t, base_p, out_t, out_p):
+        tol = RTOL * np.abs(bt).max()
+        assert np.abs(bt - bp).max() < tol  # the unpatched models agree first
+        assert np.abs(ot - bt).max() > 100 * tol  # the setting acts, far beyond the tolerance
+        assert np.abs(ot - op).max() < tol
+    if kind == "sd3":
+        assert seen == [5] * (3 * len(timesteps))  # paddle's text tokens never merge
+    if "reuse_steps" in kwargs:  # paddle's reusing steps (calls 1 and 2) are not plain ToMe
+        paddle_model.apply_tome(ratio=0.5)
+        try:
+            _, plain_p = run_loop(kind, torch_model, paddle_model, timesteps)
+        finally:
+            paddle_model.remove_tome()
+        assert all(np.abs(out_p[i] - plain_p[i]).max() > 100 * RTOL * np.abs(plain_p[i]).max() for i in (1, 2))
+    _, after_p = run_loop(kind, torch_model, paddle_model, timesteps[:1])
+    assert np.array_equal(after_p[0], base_p[0])  # remove_tome: bit-identical again
+
+
+def test_paddle_refuses_max_downsample_on_a_transformer_and_the_fused_inference_path(twins):
+    kind, _, paddle_model = twins
+    with pytest.raises(ValueError, match="^max_downsample"):
+        paddle_model.apply_tome(ratio=0.5, max_downsample=1)
+    paddle_model.inference_optimize = True  # what INFERENCE_OPTIMIZE=True at build time sets
+    try:
+        with pytest.raises(ValueError, match="INFERENCE_OPTIMIZE"):
+            paddle_model.apply_tome(ratio=0.5)
+    finally:
+        paddle_model.inference_optimize = False
+    assert not hasattr(paddle_model, PATCH_ATTR)

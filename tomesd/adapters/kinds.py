@@ -1,0 +1,92 @@
+"""What ToMe knows about each kind of transformer block and of denoiser, as data.
+
+A new block kind is one entry of BLOCK_KINDS: which of its sub-layers see the image tokens (and so
+merge around them), where their image output sits, and how its self-attention can take downsampled
+keys and values. The hooks (hooks.py) read these entries and nothing else about the host's classes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+from .frameworks import class_names
+
+
+@dataclass(frozen=True)
+class Sublayer:
+    """A sub-layer of a block whose input tokens `tokens` are the block's image tokens [B, N, C]."""
+
+    name: str  # attribute of the block
+    flag: str  # the ToMeArgs flag that merges around it
+    tokens: Tuple[str, ...] = ("hidden_states", "x")  # input names (else its first positional input)
+    output: Optional[int] = None  # where the image tokens sit in a tuple output; None: the output itself
+
+
+@dataclass(frozen=True)
+class Downsample:
+    """How one self-attention of a block takes keys and values from the downsampled grid.
+
+    "context": its context argument (`encoder_hidden_states` / `context`) gets the downsampled tokens,
+      so the host's processor projects keys and values from them (the attention is otherwise self-attention);
+    "projections": pre-hooks on its `to_k` / `to_v` give them the downsampled tokens, for attentions
+      whose context argument carries text (SD3's joint attention): image keys shrink, text keys stay.
+    """
+
+    attention: str
+    via: str
+
+
+@dataclass(frozen=True)
+class BlockKind:
+    class_name: str
+    sublayers: Tuple[Sublayer, ...]
+    downsample: Tuple[Downsample, ...]
+    tokens: Tuple[str, ...] = ("hidden_states", "x")  # the block's image-token input
+
+
+BLOCK_KINDS: Dict[str, BlockKind] = {
+    kind.class_name: kind
+    for kind in (
+        # UNets (diffusers, ppdiffusers, LDM), PixArt and DiT.
+        BlockKind(
+            "BasicTransformerBlock",
+            sublayers=(Sublayer("attn1", "merge_attn"), Sublayer("attn2", "merge_crossattn"), Sublayer("ff", "merge_mlp")),
+            downsample=(Downsample("attn1", "context"),),
+        ),
+        # SD3 / SD3.5: `attn` is joint attention over [image, text], given the image as `hidden_states`
+        # and the text as `encoder_hidden_states`; it returns (image, text). SD3.5's `attn2` is
+        # image-only self-attention. Text tokens never pass through a hooked input.
+        BlockKind(
+            "JointTransformerBlock",
+            sublayers=(Sublayer("attn", "merge_attn", tokens=("hidden_states",), output=0),
+                       Sublayer("attn2", "merge_attn", tokens=("hidden_states",)),
+                       Sublayer("ff", "merge_mlp")),
+            downsample=(Downsample("attn", "projections"), Downsample("attn2", "projections")),
+        ),
+    )
+}
+
+
+def block_kind(module: Any) -> Optional[BlockKind]:
+    for name in class_names(module):
+        kind = BLOCK_KINDS.get(name)
+        if kind is not None:
+            return kind
+    return None
+
+
+def patch_size(root: Any) -> Optional[int]:
+    """The patch size of a diffusion transformer (its token grid is the latent's over it), or None for
+    a UNet, whose blocks sit at several levels of the latent."""
+    if not any(name.endswith(_PATCH_ROOTS) for name in class_names(root)):
+        return None
+    config = getattr(root, "config", None)
+    size = config.get("patch_size") if hasattr(config, "get") else getattr(config, "patch_size", None)
+    if size is None:
+        size = getattr(root, "patch_size", None)
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+
+
+# Denoisers that patchify their latent once: SD3Transformer2DModel, PixArtTransformer2DModel,
+# DiTTransformer2DModel, ppdiffusers' Transformer2DModel (PixArt, DiT), SD3ControlNetModel.
+_PATCH_ROOTS = ("Transformer2DModel", "SD3ControlNetModel")
