@@ -156,3 +156,31 @@ def transformer_inputs(kind: str, batch: int = 2, h: int = 16, w: int = 16, t: f
 def run_transformer(model, inputs: dict) -> torch.Tensor:
     with torch.no_grad():
         return model(**inputs).sample
+
+
+def sd3_pipeline(tmp_path):
+    """A tiny StableDiffusion3Pipeline: two CLIP text encoders, no T5 (the pipeline pads its place with
+    zeros), the tiny SD3 transformer with a joint width of 64 (the two CLIPs' 32 each), a tiny VAE."""
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection, CLIPTokenizer
+
+    vocab_file, merges_file, vocab_size = write_clip_vocab(str(tmp_path))
+    torch.manual_seed(0)
+    encoders = [CLIPTextModelWithProjection(CLIPTextConfig(vocab_size=vocab_size, projection_dim=32, **CLIP_TEXT)).eval()
+                for _ in range(2)]
+    tokenizers = [CLIPTokenizer(vocab_file, merges_file, model_max_length=77) for _ in range(2)]
+    transformer = randomize_(SD3Transformer2DModel(**dict(SD3, joint_attention_dim=64, pooled_projection_dim=64)))
+    vae = AutoencoderKL(**dict(VAE, shift_factor=0.0, scaling_factor=1.0, use_quant_conv=False,
+                               use_post_quant_conv=False)).eval()
+    pipe = StableDiffusion3Pipeline(
+        transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae,
+        text_encoder=encoders[0], tokenizer=tokenizers[0], text_encoder_2=encoders[1], tokenizer_2=tokenizers[1],
+        text_encoder_3=None, tokenizer_3=None,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def run_sd3_pipeline(pipe):
+    return pipe("a tiny test", num_inference_steps=2, height=32, width=32, guidance_scale=2.0, output_type="np",
+                generator=torch.Generator().manual_seed(0)).images

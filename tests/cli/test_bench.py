@@ -165,3 +165,33 @@ def test_console_script_and_module_entry_points():
     for cmd in ([script, "--help"], [sys.executable, "-m", "tomesd", "bench", "--help"]):
         out = subprocess.run(cmd, capture_output=True, text=True)
         assert out.returncode == 0 and "--compare" in out.stdout
+
+
+def test_a_transformer_architecture_in_every_mode_over_a_loop(tmp_path, capsys):
+    """--config tiny-sd3 stands in for --arch sd3 (the same code path, a tiny width): image keys merge or
+    shrink in every block, over a loop with reuse, memory probes included."""
+    out_json = tmp_path / "r.json"
+    argv = ["--config", "tiny-sd3", "--res", "64", "--repeats", "1", "--ratios", "0.5", "--modes", "merge,downsample",
+            "--reuse-steps", "1,2", "--steps", "2", "--json", str(out_json)]
+    assert bench(argv) == 0
+    printed = capsys.readouterr().out
+    assert "tiny SD3 transformer at 64x64" in printed and "downsample (ours)" in printed
+    rows = {(r["method"], r["mode"], r["reuse_steps"]): r for r in json.loads(out_json.read_text())["results"]}
+    tokens = 2 * 4 * 4  # two blocks over the 4x4 patch grid of a 64-pixel image
+    assert [pair for pair in rows[("baseline", "merge", 1)]["tokens"].values()] == [[tokens, tokens]]
+    assert list(rows[("tome", "merge", 1)]["tokens"].values()) == [[tokens, tokens // 2]]
+    assert list(rows[("tome", "merge", 2)]["tokens"].values()) == [[tokens, tokens // 2]]
+    assert list(rows[("tome", "downsample", 1)]["tokens"].values()) == [[tokens, tokens // 4]]
+    for key, row in rows.items():
+        assert row["peak_mem_bytes"] > 0 and (key[0] == "baseline" or row["output_change"] > 0)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--arch", "sd3", "--compare"], "no reference"),
+    (["--arch", "pixart", "--max-downsample", "2"], "one token grid"),
+    (["--arch", "sd3", "--depth", "25"], "1 to 24"),
+    (["--arch", "sd1", "--depth", "2"], "for transformers"),
+])
+def test_transformer_options_are_checked_before_any_work(argv, message, capsys):
+    assert bench(argv) == 2
+    assert message in capsys.readouterr().err

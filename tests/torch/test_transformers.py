@@ -376,3 +376,21 @@ def test_sd3_controlnet_merges_its_blocks_and_text_stays():
     assert plain["q"] == [64, 64] and seen["q"] == [32, 32] and seen["text_q"] == plain["text_q"] == [5, 5]
     assert (merged - base).abs().max().item() > 1000 * TOL
     assert torch.equal(go()[0], base)
+
+
+def test_sd3_pipeline_patches_its_transformer_and_nothing_else(tmp_path):
+    pipe = T.sd3_pipeline(tmp_path)
+    base = T.run_sd3_pipeline(pipe)
+    seen, handles = token_probe(pipe.transformer)
+    tomesd.apply_patch(pipe, ratio=0.5)
+    patched_models = [name for name, c in pipe.components.items()
+                      if isinstance(c, torch.nn.Module) and any(hooks.PATCH_ATTR in m.__dict__ for m in c.modules())]
+    merged = T.run_sd3_pipeline(pipe)
+    for handle in handles:
+        handle.remove()
+    tomesd.remove_patch(pipe)
+    assert patched_models == ["transformer"]  # never the VAE or the text encoders
+    # 2 steps x 3 blocks; a 32-pixel image is a 16x16 latent (this VAE halves once), an 8x8 patch grid.
+    assert seen["q"] == [32] * 6 and seen["text_q"] == [seen["text_q"][0]] * 6 and seen["text_q"][0] >= 77
+    assert abs(merged - base).max() > 1e-2
+    assert (T.run_sd3_pipeline(pipe) == base).all()

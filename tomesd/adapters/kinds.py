@@ -43,6 +43,11 @@ class BlockKind:
     downsample: Tuple[Downsample, ...]
     tokens: Tuple[str, ...] = ("hidden_states", "x")  # the block's image-token input
 
+    @property
+    def self_attention(self) -> str:
+        """The sub-layer whose keys are the image tokens (the first one listed)."""
+        return self.sublayers[0].name
+
 
 BLOCK_KINDS: Dict[str, BlockKind] = {
     kind.class_name: kind

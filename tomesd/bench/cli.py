@@ -7,13 +7,20 @@ import os
 import sys
 from typing import List, Optional
 
-from .configs import CONFIGS
+from .configs import ARCHS
+
+ARCH_NAMES = {"sd1": "sd15", "sd3": "sd3", "pixart": "pixart"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=["torch", "paddle"], default="torch")
-    parser.add_argument("--config", choices=sorted(CONFIGS), default="sd15",
-                        help="UNet architecture built with random weights (default: SD1.5's)")
+    parser.add_argument("--arch", choices=sorted(ARCH_NAMES), default=None,
+                        help="architecture at real width, random weights: sd1 (SD1.5 UNet, the default), sd3 "
+                             "(SD3-medium transformer), pixart (PixArt-alpha 1024); same as --config sd15/sd3/pixart")
+    parser.add_argument("--depth", type=int, default=None,
+                        help="transformers: build only this many blocks (default: all; SD3-medium 24, PixArt 28)")
+    parser.add_argument("--config", choices=sorted(ARCHS), default="sd15",
+                        help="architecture built with random weights (default: SD1.5's UNet; tiny ones for checks)")
     parser.add_argument("--res", type=int, default=512, help="image side in pixels (latent = res/8); default 512")
     parser.add_argument("--batch", type=int, default=2, help="UNet batch (2 = one image with classifier-free guidance)")
     parser.add_argument("--ratios", default="0.25,0.5,0.75", help="comma-separated ToMe ratios")
@@ -158,8 +165,19 @@ def run(args: argparse.Namespace) -> int:
         missing = missing_dependencies(args)
         if missing:
             raise ValueError("; ".join(missing))
+        if args.arch is not None:
+            args.config = ARCH_NAMES[args.arch]
+        arch = ARCHS[args.config]
+        if args.depth is not None and not (arch.transformer and 1 <= args.depth <= arch.full_depth):
+            raise ValueError(f"--depth cuts a transformer's blocks (1 to {arch.full_depth})" if arch.transformer
+                             else f"--depth is for transformers; {arch.name} is a UNet")
+        if arch.transformer and args.compare:
+            raise ValueError(f"--compare runs tomesd 0.1.3 / ppdiffusers' built-in, which patch UNets only; "
+                             f"{arch.name} has no reference")
+        if arch.transformer and args.max_downsample is not None:
+            raise ValueError("--max-downsample picks UNet levels; a transformer's blocks all see one token grid")
         settings = Settings(
-            backend=args.backend, config=args.config, res=args.res, batch=args.batch, ratios=tuple(ratios),
+            backend=args.backend, config=args.config, depth=args.depth, res=args.res, batch=args.batch, ratios=tuple(ratios),
             max_downsample=args.max_downsample, dtype=args.dtype, device=args.device, repeats=args.repeats,
             warmup=max(args.warmup, 0), compare=args.compare, seed=args.seed,
             compile=args.compile, compile_backend=args.compile_backend or "inductor",
@@ -185,7 +203,9 @@ def run(args: argparse.Namespace) -> int:
     total = n_configs * (settings.warmup + settings.repeats + 1 + (1 if cpu_memory else 0) + (1 if settings.compile else 0))
     compiled = f", torch.compile(backend={settings.compile_backend!r})" if settings.compile else ""
 
-    print(f"{settings.config} UNet, random weights, {settings.res}x{settings.res}, batch {settings.batch}, "
+    model_name = ARCHS[settings.config].name + (f" ({settings.depth} of {ARCHS[settings.config].full_depth} blocks)"
+                                                if settings.depth else "")
+    print(f"{model_name}, random weights, {settings.res}x{settings.res}, batch {settings.batch}, "
           f"{settings.dtype} on {kit.name}/{settings.device}{compiled}; {n_configs} configurations interleaved",
           file=sys.stderr)
     notes: List[str] = []
@@ -206,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
         except BadModelPath as exc:
             return _fail(str(exc))
 
-    print(f"\n{settings.config} UNet at {settings.res}x{settings.res}, batch {settings.batch}, {settings.dtype}, "
+    print(f"\n{model_name} at {settings.res}x{settings.res}, batch {settings.batch}, {settings.dtype}, "
           f"{kit.name} on {settings.device}{compiled}; median of {settings.repeats} "
           + (f"loops of {settings.steps} UNet calls (timesteps 999 down, per call shown)" if settings.steps > 1 else "forwards")
           + f" after {settings.warmup} warm-up")
@@ -228,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"results: {args.json}")
     if args.plot:
         write_plot(args.plot, rows, kit.reference_name,
-                   f"{settings.config} UNet {settings.res}x{settings.res} batch {settings.batch} ({kit.name}, {settings.device})")
+                   f"{model_name} {settings.res}x{settings.res} batch {settings.batch} ({kit.name}, {settings.device})")
         print(f"plot: {args.plot}")
     return 0
 

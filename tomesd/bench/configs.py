@@ -18,3 +18,54 @@ TINY = dict(
 
 CONFIGS = {"sd15": SD15, "tiny": TINY}
 TEXT_TOKENS = 77
+
+
+# Diffusion transformers at their real widths (diffusers class, config, latent channels, text width,
+# pooled width), built with random weights. `depth_key` names the config entry that --depth cuts.
+SD3_MEDIUM = dict(
+    sample_size=128, patch_size=2, in_channels=16, num_layers=24, attention_head_dim=64, num_attention_heads=24,
+    joint_attention_dim=4096, caption_projection_dim=1536, pooled_projection_dim=2048, out_channels=16,
+    pos_embed_max_size=192,
+)
+PIXART_ALPHA = dict(  # PixArt-alpha 1024 (its resolution / aspect-ratio conditions included)
+    num_attention_heads=16, attention_head_dim=72, in_channels=4, out_channels=8, num_layers=28,
+    cross_attention_dim=1152, sample_size=128, patch_size=2, caption_channels=4096, use_additional_conditions=True,
+)
+TINY_SD3 = dict(
+    sample_size=16, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=2,
+    joint_attention_dim=16, caption_projection_dim=16, pooled_projection_dim=8, out_channels=4, pos_embed_max_size=32,
+)
+
+
+class Arch:
+    """One benchmarked architecture: how to build it and call it."""
+
+    def __init__(self, name: str, cls: str, config: dict, latent_channels: int, text_dim: int,
+                 pooled_dim: int = 0, depth_key: str = "", extra: str = ""):
+        self.name, self.cls, self.config = name, cls, config
+        self.latent_channels, self.text_dim, self.pooled_dim = latent_channels, text_dim, pooled_dim
+        self.depth_key, self.extra = depth_key, extra
+
+    @property
+    def transformer(self) -> bool:
+        return bool(self.depth_key)
+
+    @property
+    def full_depth(self) -> int:
+        return self.config[self.depth_key] if self.depth_key else 0
+
+    def build_config(self, depth: "int | None") -> dict:
+        config = dict(self.config)
+        if depth is not None:
+            config[self.depth_key] = depth
+        return config
+
+
+ARCHS = {
+    "sd15": Arch("SD1.5 UNet", "UNet2DConditionModel", SD15, 4, 768),
+    "tiny": Arch("tiny UNet", "UNet2DConditionModel", TINY, 4, 32),
+    "sd3": Arch("SD3-medium transformer", "SD3Transformer2DModel", SD3_MEDIUM, 16, 4096, 2048, "num_layers"),
+    "pixart": Arch("PixArt-alpha transformer", "PixArtTransformer2DModel", PIXART_ALPHA, 4, 4096, 0, "num_layers",
+                   extra="pixart"),
+    "tiny-sd3": Arch("tiny SD3 transformer", "SD3Transformer2DModel", TINY_SD3, 4, 16, 8, "num_layers"),
+}

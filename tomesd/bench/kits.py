@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Callable, Dict, Iterator, List, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from .configs import CONFIGS, TEXT_TOKENS
+from .configs import ARCHS, CONFIGS, TEXT_TOKENS
 
 METHODS = ("baseline", "tome", "reference")
 
@@ -84,28 +84,38 @@ class TorchKit(_Kit):
             raise MissingBackend("--device cuda: torch sees no CUDA device")
         self.dtype, self.dtype_name = getattr(torch, dtype), dtype
 
-    def build(self, config: str, seed: int) -> Any:
-        from diffusers import UNet2DConditionModel
+    def build(self, config: str, seed: int, depth: Optional[int] = None) -> Any:
+        import diffusers
 
+        arch = ARCHS[config]
         self.torch.manual_seed(seed)
-        model = UNet2DConditionModel(**CONFIGS[config]).to(self.device)
+        model = getattr(diffusers, arch.cls)(**arch.build_config(depth)).to(self.device)
         if self.dtype != self.torch.float32:
             model = model.to(dtype=self.dtype)
         return model.eval()
 
     def inputs(self, config: str, batch: int, res: int, seed: int) -> Tuple[Any, ...]:
-        gen = self.torch.Generator().manual_seed(seed)
+        """(latent, timestep, text, extra keyword inputs): the timestep second, as the loop replaces it."""
+        arch, torch = ARCHS[config], self.torch
+        gen = torch.Generator().manual_seed(seed)
         latent = res // 8
-        x = self.torch.randn(batch, 4, latent, latent, generator=gen)
-        c = self.torch.randn(batch, TEXT_TOKENS, CONFIGS[config]["cross_attention_dim"], generator=gen)
-        return x.to(self.device, self.dtype), self.torch.tensor(500, device=self.device), c.to(self.device, self.dtype)
+        cast = lambda t: t.to(self.device, self.dtype)  # noqa: E731
+        x = cast(torch.randn(batch, arch.latent_channels, latent, latent, generator=gen))
+        c = cast(torch.randn(batch, TEXT_TOKENS, arch.text_dim, generator=gen))
+        extra: Dict[str, Any] = {}
+        if arch.pooled_dim:
+            extra["pooled_projections"] = cast(torch.randn(batch, arch.pooled_dim, generator=gen))
+        if arch.extra == "pixart":
+            extra["added_cond_kwargs"] = {"resolution": cast(torch.tensor([[res, res]] * batch)),
+                                          "aspect_ratio": cast(torch.ones(batch, 1))}
+        return x, torch.tensor(500, device=self.device), c, extra
 
     def timesteps(self, n: int) -> List[Any]:
         return [self.torch.tensor(t, device=self.device) for t in loop_timesteps(n)]
 
     def forward(self, model: Any, inputs: Tuple[Any, ...]) -> Any:
         with self.torch.no_grad():  # scoped: the caller's grad mode is left as it was
-            return model(*inputs).sample
+            return model(*inputs) if isinstance(model, _Compiled) else _call_model(model, *inputs)
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -147,7 +157,7 @@ class TorchKit(_Kit):
         self._entries = getattr(self, "_entries", 0) + 1
         code = _call_model.__code__.replace(co_name=f"{_call_model.__name__}_{self._entries}")
         entry = self.torch.compile(types.FunctionType(code, globals()), backend=backend, fullgraph=True)
-        return lambda *args: entry(model, *args)
+        return _Compiled(lambda *args: entry(model, *args))
 
     @contextlib.contextmanager
     def compile_settings(self, n_models: int) -> Iterator[None]:
@@ -203,8 +213,11 @@ class PaddleKit(_Kit):
         paddle.set_device("gpu" if self.gpu else "cpu")
         self.dtype = self.dtype_name = dtype
 
-    def build(self, config: str, seed: int) -> Any:
+    def build(self, config: str, seed: int, depth: Optional[int] = None) -> Any:
         from ppdiffusers import UNet2DConditionModel
+
+        if ARCHS[config].transformer:
+            raise MissingBackend(f"--arch {config} runs on torch only for now; the paddle benchmark builds UNets")
 
         self.paddle.seed(seed)
         model = UNet2DConditionModel(**CONFIGS[config])
@@ -268,8 +281,22 @@ def loop_timesteps(n: int) -> List[int]:
     return [999 - (999 * i) // n for i in range(n)]
 
 
-def _call_model(model: Any, *args: Any) -> Any:
-    return model(*args)
+class _Compiled:
+    """A configuration's compiled entry: called with the inputs as they are."""
+
+    def __init__(self, call: Callable[..., Any]):
+        self._call = call
+
+    def __call__(self, *inputs: Any) -> Any:
+        return self._call(*inputs)
+
+
+def _call_model(model: Any, x: Any, t: Any, c: Any, extra: Dict[str, Any]) -> Any:
+    """One denoiser call: a UNet takes (sample, timestep, text); a transformer takes keywords and a
+    timestep per sample."""
+    if not extra and "UNet" in type(model).__name__:
+        return model(x, t, c).sample
+    return model(hidden_states=x, timestep=t.expand(x.shape[0]), encoder_hidden_states=c, **extra).sample
 
 
 def make_kit(backend: str, device: str, dtype: str) -> Any:

@@ -41,7 +41,7 @@ def main() -> None:
     settings = Settings(**fields)
     config = Config(**spec["config"])
     kit = make_kit(settings.backend, settings.device, settings.dtype)
-    model = kit.build(settings.config, settings.seed)
+    model = kit.build(settings.config, settings.seed, settings.depth)
     inputs = kit.inputs(settings.config, settings.batch, settings.res, settings.seed + 1)
     if settings.compile:  # the compiled forward's peak, after its compilation
         with kit.compile_settings(1):

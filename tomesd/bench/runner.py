@@ -20,6 +20,7 @@ from .tokens import counts, token_counter, tokens_per_level
 class Settings:
     backend: str = "torch"
     config: str = "sd15"
+    depth: Optional[int] = None  # transformers: blocks built (None: the architecture's full depth)
     res: int = 512
     batch: int = 2
     ratios: Tuple[float, ...] = (0.25, 0.5, 0.75)
@@ -123,10 +124,10 @@ def run_unet(settings: Settings, progress: Callable[[int], None] = lambda n: Non
     """One row per configuration. With settings.compile, each configuration is its own compiled copy
     of the model (weights shared); a reference that cannot be compiled is left out, with a note."""
     kit = make_kit(settings.backend, settings.device, settings.dtype)
-    model = kit.build(settings.config, settings.seed)
+    model = kit.build(settings.config, settings.seed, settings.depth)
     inputs = kit.inputs(settings.config, settings.batch, settings.res, settings.seed + 1)
     if settings.steps > 1:  # a denoising loop: one input per step, each its own timestep
-        inputs = [(inputs[0], t, inputs[2]) for t in kit.timesteps(settings.steps)]
+        inputs = [inputs[:1] + (t,) + inputs[2:] for t in kit.timesteps(settings.steps)]
     else:
         inputs = [inputs]
     configs = configurations(settings)

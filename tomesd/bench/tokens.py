@@ -12,6 +12,7 @@ def token_counter(model: Any, backend: str) -> Iterator[List[Tuple[str, int]]]:
     ppdiffusers') or downsampling of the keys."""
     from ..adapters.frameworks import module_ops
     from ..adapters.hooks import transformer_blocks
+    from ..adapters.kinds import block_kind
 
     ops = module_ops(backend)
     blocks = {id(block) for block in transformer_blocks(ops, model)}
@@ -21,7 +22,7 @@ def token_counter(model: Any, backend: str) -> Iterator[List[Tuple[str, int]]]:
         return lambda module, args: seen.append((name, int(args[0].shape[1])))
 
     handles = [
-        block.attn1.to_k.register_forward_pre_hook(hook_for(name))
+        getattr(block, block_kind(block).self_attention).to_k.register_forward_pre_hook(hook_for(name))
         for name, block in ops.named_modules(model) if id(block) in blocks
     ]
     try:
