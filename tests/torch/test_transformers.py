@@ -7,6 +7,7 @@ import pickle
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import tiny_torch as T
 import tomesd
@@ -394,3 +395,37 @@ def test_sd3_pipeline_patches_its_transformer_and_nothing_else(tmp_path):
     assert seen["q"] == [32] * 6 and seen["text_q"] == [seen["text_q"][0]] * 6 and seen["text_q"][0] >= 77
     assert abs(merged - base).max() > 1e-2
     assert (T.run_sd3_pipeline(pipe) == base).all()
+
+
+class OpCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_kernels_added_per_block_are_the_same_on_sd3_as_on_pixart(models, mode):
+    """Ops dispatched (each a kernel launch on a GPU) that the patch adds to a forward, per block: SD3's
+    joint attention (image keys and values downsampled at two projections, from one downsampling) costs
+    what PixArt's self-attention does."""
+    added = {}
+    for kind in ("sd3", "pixart"):
+        model, inputs = models[kind], T.transformer_inputs(kind)
+
+        def count():
+            with torch.no_grad(), OpCounter() as counter:
+                model(**inputs)
+            return counter.count
+
+        base = count()
+        tomesd.apply_patch(model, **MODES[mode])
+        try:
+            added[kind] = (count() - base) / len(block_list(model))
+        finally:
+            tomesd.remove_patch(model)
+    print(f"{mode}: ops added per block: {added}")
+    assert 0 < added["sd3"] == added["pixart"]

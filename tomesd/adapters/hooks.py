@@ -430,9 +430,17 @@ class ToMePatch:
         down: Optional[KVDownsample] = self._current_merge(index)
         if down is None:
             return None
-        if args:
-            return (down(args[0]),) + args[1:], kwargs
-        return args, {**kwargs, "input": down(kwargs["input"])}
+        x = args[0] if args else kwargs["input"]
+        # to_k and to_v project the same tensor: downsample it once.
+        stack = self._stack()
+        last = stack[-1].shared.get(("projected", index)) if stack else None
+        if last is not None and last[0] is x:
+            small = last[1]
+        else:
+            small = down(x)
+            if stack:
+                stack[-1].shared[("projected", index)] = (x, small)
+        return ((small,) + args[1:], kwargs) if args else (args, {**kwargs, "input": small})
 
     def _unmerge_output(self, index: int, position: Optional[int], module: Any, args: tuple, output: Any) -> Any:
         merge = self._current_merge(index)
