@@ -241,7 +241,7 @@ class ToMePatch:
                     else:
                         for projection in _KV_PROJECTIONS:
                             self._hook(getattr(sub, projection), ops.add_pre_hook,
-                                       functools.partial(self._downsample_projection, index))
+                                       functools.partial(self._downsample_projection, index, sub, projection))
                 continue
             for layer in kind.sublayers:
                 sub = getattr(block, layer.name, None)
@@ -425,11 +425,19 @@ class ToMePatch:
         x = self._specs[(index, "attn1")].get(args, kwargs)
         return context.replace(args, kwargs, down(x))
 
-    def _downsample_projection(self, index: int, module: Any, args: tuple, kwargs: dict):
+    def _downsample_projection(self, index: int, attn: Any, name: str, module: Any, args: tuple, kwargs: dict):
         """A key or value projection of image tokens: it projects the downsampled grid instead."""
         down: Optional[KVDownsample] = self._current_merge(index)
         if down is None:
             return None
+        if getattr(attn, name) is not module:
+            # Wrapped after apply_patch (a LoRA adapter: the wrapper feeds this layer and its own
+            # branch the same input, and only this one would shrink).
+            raise ValueError(
+                f"{type(attn).__name__}.{name} was replaced after apply_patch (by a LoRA adapter or another "
+                f"wrapper), so mode='downsample' can no longer shrink its input alone. Call apply_patch again "
+                f"after loading adapters."
+            )
         x = args[0] if args else kwargs["input"]
         # to_k and to_v project the same tensor: downsample it once.
         stack = self._stack()
