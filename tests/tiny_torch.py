@@ -184,3 +184,25 @@ def sd3_pipeline(tmp_path):
 def run_sd3_pipeline(pipe):
     return pipe("a tiny test", num_inference_steps=2, height=32, width=32, guidance_scale=2.0, output_type="np",
                 generator=torch.Generator().manual_seed(0)).images
+
+
+FLUX = dict(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=16, num_attention_heads=2,
+            joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=False, axes_dims_rope=(4, 6, 6))
+
+
+def flux(seed: int = 0):
+    from diffusers import FluxTransformer2DModel
+
+    return randomize_(FluxTransformer2DModel(**FLUX), seed)
+
+
+def flux_inputs(batch: int = 2, h: int = 8, w: int = 8, t: float = 0.5, text: int = 5, seed: int = 1) -> dict:
+    """A packed latent of h x w tokens with its img_ids rows (0, row, col), as Flux pipelines build them."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.zeros(h, w, 3)
+    ids[..., 1] += torch.arange(h)[:, None]
+    ids[..., 2] += torch.arange(w)[None, :]
+    return dict(hidden_states=torch.randn(batch, h * w, 16, generator=gen),
+                encoder_hidden_states=torch.randn(batch, text, 32, generator=gen),
+                pooled_projections=torch.randn(batch, 32, generator=gen), timestep=torch.full((batch,), t),
+                img_ids=ids.reshape(h * w, 3), txt_ids=torch.zeros(text, 3))

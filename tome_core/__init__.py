@@ -2,7 +2,8 @@
 from .backend import Backend, get_backend, register_backend
 from . import rng
 from .matching import (
-    MERGE_MODES, TokenMerge, bipartite_soft_matching_random2d, compute_merge, do_nothing, grid_partition, num_cells,
+    MERGE_MODES, TokenMerge, bipartite_soft_matching_random2d, compute_merge, compute_shared_merge, coordinate_partition,
+    do_nothing, grid_partition, num_cells,
 )
 from .downsample import KVDownsample, compute_downsample
 from .rng import DEFAULT_SEED
@@ -24,6 +25,8 @@ __all__ = [
     "block_grid",
     "compute_downsample",
     "compute_merge",
+    "compute_shared_merge",
+    "coordinate_partition",
     "do_nothing",
     "downsample_level",
     "get_backend",

@@ -56,11 +56,15 @@ class TokenMerge:
     Holds only tensors and ints, so it lives as long as the call (or the recompute) using it.
     """
 
-    def __init__(self, xp: Backend, flat_rows: Any, inv_counts: Any, batch: int, n: int, m: int):
+    def __init__(self, xp: Backend, flat_rows: Any, inv_counts: Any, batch: int, n: int, m: int,
+                 rows: Any = None, representatives: Any = None):
         self._xp = xp
         self._flat_rows = flat_rows  # [B*N] row of the flattened merged tensor for each token
         self._inv_counts = inv_counts  # [B, M, 1] float32, 1 / tokens in each merged row
         self.batch, self.num_tokens, self.num_merged = batch, n, m
+        self._rows = rows  # [N] merged row of each token, when one map serves the whole batch
+        # [M]: for each merged row, the token that stands for it (see compute_shared_merge)
+        self.representatives = representatives
 
     def _check(self, x: Any, expected: int, what: str) -> Tuple[int, int, int]:
         b, n, c = self._xp.shape(x)
@@ -87,6 +91,37 @@ class TokenMerge:
         xp = self._xp
         b, m, c = self._check(x, self.num_merged, "unmerge")
         return xp.reshape(xp.take(xp.reshape(x, [b * m, c]), self._flat_rows, 0), [b, self.num_tokens, c])
+
+    # A sequence [B, S, C] whose last N tokens are the image (text in front, as in Flux's single blocks):
+    # the image segment merges and unmerges, the tokens in front pass as they are.
+    def merge_tail(self, x: Any) -> Any:
+        s = self._xp.shape(x)[1]
+        if s == self.num_tokens:
+            return self.merge(x)
+        return self._xp.concat([x[:, : s - self.num_tokens], self.merge(x[:, s - self.num_tokens:])], 1)
+
+    def unmerge_tail(self, x: Any) -> Any:
+        s = self._xp.shape(x)[1]
+        if s == self.num_merged:
+            return self.unmerge(x)
+        return self._xp.concat([x[:, : s - self.num_merged], self.unmerge(x[:, s - self.num_merged:])], 1)
+
+    def gather_rows(self, table: Any) -> Any:
+        """Rows [S, D] of a per-token table (rotary positions) whose last N rows are the image's:
+        the image rows become one row per merged token, its representative's."""
+        s = self._xp.shape(table)[0]
+        head, image = table[: s - self.num_tokens], table[s - self.num_tokens:]
+        return self._xp.concat([head, self._xp.take(image, self.representatives, 0)], 0)
+
+    def for_batch(self, batch: int) -> "TokenMerge":
+        """This merge (computed for one map) applied to every sample of a batch of `batch`."""
+        xp, n, m = self._xp, self.num_tokens, self.num_merged
+        if self._rows is None:
+            raise ValueError("only a merge computed for the whole batch (compute_shared_merge) can be broadcast")
+        offsets = xp.reshape(xp.arange(batch * m, self._rows, step=m), [batch, 1])
+        flat_rows = xp.reshape(xp.reshape(self._rows, [1, n]) + offsets, [batch * n])
+        inv_counts = xp.broadcast_to(self._inv_counts, [batch, m, 1])
+        return TokenMerge(xp, flat_rows, inv_counts, batch, n, m, self._rows, self.representatives)
 
 
 def num_cells(w: int, h: int, sx: int, sy: int) -> int:
@@ -116,25 +151,86 @@ def compute_merge(
         return None  # grid smaller than one cell: no dst token exists
     with xp.no_grad():
         order, position = grid_partition(xp, metric, w, h, sx, sy, offsets)
-        num_dst = num_cells(w, h, sx, sy)
-        num_src = n - num_dst
-        r = min(r, num_src)
+        return _match(xp, metric, order, position, num_cells(w, h, sx, sy), r)[0]
 
-        unit = xp.take(xp.l2_normalize(metric, -1), order, 1)  # src tokens, then dst tokens
-        scores = xp.matmul_transposed(unit[:, :num_src], unit[:, num_src:])
-        node_max, node_idx = xp.max_with_indices(scores, -1)  # best dst for each src
-        edge_order = xp.argsort(node_max, -1, True)  # src positions, most similar first
-        rank = xp.argsort(edge_order, -1, False)  # each src's place in that order
 
-        num_unm = num_src - r
-        src_rows = xp.where(rank < r, node_idx + num_unm, rank - r)
-        dst_rows = xp.broadcast_to(xp.reshape(xp.arange(num_dst, metric) + num_unm, [1, num_dst]), [b, num_dst])
-        rows = xp.take(xp.concat([src_rows, dst_rows], 1), position, 1)  # [B, N]
+def _match(xp: Backend, metric: Any, order: Any, position: Any, num_dst: int, r: int) -> Tuple[TokenMerge, Any]:
+    """The bipartite matching of a partition (order: src token ids, then dst ones; position: its
+    inverse). Returns the merge and edge_order (src positions, most similar first)."""
+    b, n, _ = xp.shape(metric)
+    num_src = n - num_dst
+    r = min(r, num_src)
+    unit = xp.take(xp.l2_normalize(metric, -1), order, 1)  # src tokens, then dst tokens
+    scores = xp.matmul_transposed(unit[:, :num_src], unit[:, num_src:])
+    node_max, node_idx = xp.max_with_indices(scores, -1)  # best dst for each src
+    edge_order = xp.argsort(node_max, -1, True)  # src positions, most similar first
+    rank = xp.argsort(edge_order, -1, False)  # each src's place in that order
 
-        m = n - r
-        flat_rows = xp.reshape(rows + xp.reshape(xp.arange(b * m, metric, step=m), [b, 1]), [b * n])
-        inv_counts = xp.reshape(1.0 / xp.counts(flat_rows, b * m), [b, m, 1])
-    return TokenMerge(xp, flat_rows, inv_counts, b, n, m)
+    num_unm = num_src - r
+    src_rows = xp.where(rank < r, node_idx + num_unm, rank - r)
+    dst_rows = xp.broadcast_to(xp.reshape(xp.arange(num_dst, metric) + num_unm, [1, num_dst]), [b, num_dst])
+    rows = xp.take(xp.concat([src_rows, dst_rows], 1), position, 1)  # [B, N]
+
+    m = n - r
+    flat_rows = xp.reshape(rows + xp.reshape(xp.arange(b * m, metric, step=m), [b, 1]), [b * n])
+    inv_counts = xp.reshape(1.0 / xp.counts(flat_rows, b * m), [b, m, 1])
+    return TokenMerge(xp, flat_rows, inv_counts, b, n, m, rows=flat_rows if b == 1 else None), edge_order
+
+
+def coordinate_partition(xp: Backend, rows: Any, cols: Any, sx: int, sy: int, offsets: Optional[Any]) -> Tuple[Any, Any, int]:
+    """Split tokens given by their grid coordinates (rows, cols: [N] ints on the device, any order, as
+    Flux's img_ids give them) into src and dst, with no host read and shapes fixed by N alone.
+
+    One dst per complete sy-by-sx cell, at `offsets[cell]` in it (cells numbered row-major; None: the
+    top-left token), as grid_partition does. Every grid of N tokens with even sides has N // (sx*sy)
+    complete cells; for other grids the dst count must still be N // (sx*sy), so it is filled with
+    the src tokens that come last in token order (tokens outside complete cells first). Returns
+    (order, position, num_dst) as grid_partition's, plus the dst count.
+    """
+    n = xp.shape(rows)[0]
+    num_dst = n // (sx * sy)
+    h = xp.max_with_indices(rows, 0)[0] + 1
+    w = xp.max_with_indices(cols, 0)[0] + 1
+    cells_w = w // sx
+    in_cell = xp.to_int64(rows < (h // sy) * sy) * xp.to_int64(cols < cells_w * sx)
+    cell = (rows // sy) * cells_w + cols // sx
+    place = (rows % sy) * sx + cols % sx
+    if offsets is None:
+        wanted = xp.zeros([n], rows, integer=True)
+    else:
+        wanted = xp.take(offsets, xp.where(in_cell > 0, cell, xp.zeros([n], rows, integer=True)), 0)
+    is_dst = in_cell * xp.to_int64(xp.equal(place, wanted))
+    order = xp.argsort(is_dst, 0, False)  # stable: src then dst, each in token order
+    position = xp.argsort(order, 0, False)
+    return order, position, num_dst
+
+
+def compute_shared_merge(xp: Backend, metric: Any, rows: Any, cols: Any, sx: int, sy: int, r: int,
+                         offsets: Optional[Any] = None) -> Optional[TokenMerge]:
+    """One matching for the whole batch of `metric` [B, N, C], on tokens at grid coordinates (rows,
+    cols), for hosts whose per-token tables have no batch axis (Flux's rotary positions).
+
+    The batch's samples score alike: similarity is taken between tokens' unit metrics averaged over
+    the batch. Each merged row has a representative token (`representatives`, [N - r]): the dst token
+    a row's src tokens merged into, or the unmerged token itself; per-token tables follow their
+    tokens by taking the representative's row (TokenMerge.gather_rows).
+    """
+    b, n, _ = xp.shape(metric)
+    if r <= 0 or n // (sx * sy) == 0:
+        return None
+    with xp.no_grad():
+        c = xp.shape(metric)[2]
+        # The sum over the batch of each token's unit metric (its direction is the mean's): one scatter-add.
+        token_of = xp.arange(b * n, rows) % n
+        summed = xp.scatter_add(xp.zeros([n, c], metric), token_of, xp.reshape(xp.l2_normalize(metric, -1), [b * n, c]))
+        order, position, num_dst = coordinate_partition(xp, rows, cols, sx, sy, offsets)
+        merge, edge_order = _match(xp, xp.reshape(summed, [1, n, c]), order, position, num_dst, r)
+        # A merged row stands for its dst token (where its src tokens merged in); an unmerged src row
+        # for itself. Rows: the unmerged src in similarity order, then the dst in token order.
+        num_src, kept = n - num_dst, n - num_dst - min(r, n - num_dst)
+        unmerged = xp.take(order, xp.reshape(edge_order, [num_src])[num_src - kept:], 0)
+        merge.representatives = xp.concat([unmerged, order[num_src:]], 0)
+    return merge.for_batch(b)
 
 
 def bipartite_soft_matching_random2d(

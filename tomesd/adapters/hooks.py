@@ -32,11 +32,11 @@ import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from tome_core import (
-    KVDownsample, ToMeArgs, TokenMerge, block_grid, compute_downsample, compute_merge, num_cells, plan_block,
-    plan_patch_block, rng,
+    KVDownsample, ToMeArgs, TokenMerge, block_grid, compute_downsample, compute_merge, compute_shared_merge,
+    num_cells, plan_block, plan_patch_block, rng,
 )
 
-from .kinds import BLOCK_KINDS, BlockKind, block_kind, patch_size
+from .kinds import BLOCK_KINDS, BlockKind, block_kind, ids_input, patch_size
 
 PATCH_ATTR = "_tome_patch"
 _TOKENS = ("hidden_states", "x")
@@ -97,11 +97,15 @@ class InputSpec:
 class _Call:
     """What one call of a root computes; dropped when the call returns."""
 
-    __slots__ = ("latent_hw", "grid_hw", "timestep", "key", "draws", "finest_level", "merges", "shared", "step")
+    __slots__ = ("latent_hw", "grid_hw", "coords", "timestep", "key", "draws", "finest_level", "merges", "shared",
+                 "step")
 
     def __init__(self) -> None:
         self.latent_hw: Optional[Tuple[int, int]] = None
         self.grid_hw: Optional[Tuple[int, int]] = None  # a diffusion transformer's patch grid
+        # Flux: (ids, N) as the root call gives them, then ((rows, cols), None) once the first block has
+        # read each image token's grid coordinates (on the device).
+        self.coords: Optional[Tuple[Any, Any]] = None
         self.timestep: Any = None
         self.key: Any = None  # computed at the call's first random draw, inside the forward
         self.draws: Dict[int, Any] = {}  # cells per block -> [blocks, cells] dst places
@@ -151,7 +155,10 @@ class ToMePatch:
         self._steps_reused, self._reuses = args.steps_reused, args.reuses
         self.blocks = transformer_blocks(ops, root)
         self.kinds: List[BlockKind] = [block_kind(block) for block in self.blocks]
-        self.patch = patch_size(root)  # None: a UNet (tomesd's level rule picks the blocks)
+        self.patch = patch_size(root)  # None: a UNet (tomesd's level rule picks the blocks) or Flux
+        self._ids_name = ids_input(root)  # Flux: the input with each image token's grid coordinates
+        self._ids_spec = None if self._ids_name is None else InputSpec.find(root, (self._ids_name,), False)
+        self._one_grid = self.patch is not None or self._ids_name is not None  # every block sees one grid
         self._latent_spec = InputSpec.find(root, _LATENT, first_positional=True)
         self._timestep_spec = InputSpec.find(root, _TIMESTEP, first_positional=False)
         # (block index, sub-layer name or "") -> where that module's token input arrives
@@ -184,12 +191,14 @@ class ToMePatch:
                 f"{type(self.root).__name__}.forward takes none of {_TIMESTEP}"
             )
         name = type(self.root).__name__
-        if self.patch is not None and self.args.max_downsample is not None:
+        if self._ids_name is not None and self._ids_spec is None:
+            raise ValueError(f"{name}.forward takes no {self._ids_name!r}: ToMe reads the image tokens' grid from it")
+        if self._one_grid and self.args.max_downsample is not None:
             raise ValueError(
                 f"max_downsample has no meaning on {name}: a diffusion transformer's blocks all see one "
                 f"token grid. Choose blocks by index with blocks=[...] instead"
             )
-        if self.patch is None and self.args.blocks is not None:
+        if not self._one_grid and self.args.blocks is not None:
             raise ValueError(
                 f"blocks chooses blocks of a diffusion transformer by index; {name} is a UNet, whose blocks "
                 f"are chosen by max_downsample"
@@ -201,6 +210,8 @@ class ToMePatch:
             )
         if self.args.mode == "downsample":
             for block, kind in zip(self.blocks, self.kinds):
+                if kind.no_downsample:
+                    raise ValueError(f"mode='downsample' cannot run on {type(block).__name__}: {kind.no_downsample}")
                 for way in kind.downsample:
                     attn = getattr(block, way.attention, None)
                     if attn is None:
@@ -248,8 +259,17 @@ class ToMePatch:
                 if sub is None or not getattr(self.args, layer.flag):
                     continue
                 self._specs[(index, layer.name)] = InputSpec.find(sub, layer.tokens, first_positional=True)
-                self._hook(sub, ops.add_pre_hook, functools.partial(self._merge_input, index, layer.name))
-                self._hook(sub, ops.add_post_hook, functools.partial(self._unmerge_output, index, layer.output))
+                self._hook(sub, ops.add_pre_hook, functools.partial(self._merge_input, index, layer.name, layer.rotary))
+                self._hook(sub, ops.add_post_hook, functools.partial(self._unmerge_output, index, layer.outputs))
+            for span in kind.spans:
+                start, end = getattr(block, span.start, None), getattr(block, span.end, None)
+                if start is None or end is None or not getattr(self.args, span.flag):
+                    continue
+                self._hook(start, ops.add_post_hook, functools.partial(self._merge_output, index, span.start_output))
+                self._hook(end, ops.add_post_hook, functools.partial(self._unmerge_output, index, ()))
+                inner = getattr(block, span.rotary_at, None) if span.rotary_at else None
+                if inner is not None:
+                    self._hook(inner, ops.add_pre_hook, functools.partial(self._gather_rotary, index, span.rotary))
         setattr(self.root, PATCH_ATTR, self)
 
     def _hook(self, module: Any, register: Any, hook: Any) -> None:
@@ -287,12 +307,15 @@ class ToMePatch:
         if latent is None:
             raise TypeError(f"ToMe found no '{self._latent_spec.name}' input in this call of {type(module).__name__}")
         shape = ops.shape(latent)
-        if len(shape) != 4:
+        if self._ids_spec is not None:
+            call.coords = self._image_ids(module, args, kwargs, shape)
+        elif len(shape) != 4:
             raise ValueError(
                 f"ToMe needs {type(module).__name__}'s '{self._latent_spec.name}' input to be a latent "
                 f"[B, C, H, W], got shape {list(shape)}"
             )
-        call.latent_hw = (shape[-2], shape[-1])
+        else:
+            call.latent_hw = (shape[-2], shape[-1])
         if self.patch is not None:
             call.grid_hw = (shape[-2] // self.patch, shape[-1] // self.patch)
         if self._timestep_spec is not None:
@@ -301,6 +324,24 @@ class ToMePatch:
             call.step = self._denoising_step(call.timestep)
         if self._replay and not ops.grad_enabled() and not ops.is_compiling():
             self._replay.clear()  # inference after training: nothing left to recompute
+
+    def _image_ids(self, module: Any, args: tuple, kwargs: dict, shape: Tuple[int, ...]) -> Tuple[Any, int]:
+        """(ids [N, 3], N) of a packed latent's image tokens, checked by shape only: the root's pre-hook
+        does no tensor work (a graph tracer then sees one graph); the first block reads the coordinates."""
+        ids = self._ids_spec.get(args, kwargs)
+        if len(shape) != 3 or ids is None:
+            raise ValueError(
+                f"ToMe needs {type(module).__name__}'s packed latent [B, N, C] and its {self._ids_name} [N, 3], got "
+                f"{list(shape)} and {None if ids is None else list(self.ops.shape(ids))}"
+            )
+        ids_shape = self.ops.shape(ids)
+        rows = ids_shape[1] if len(ids_shape) == 3 else ids_shape[0]  # older diffusers: ids with a batch axis
+        if rows != shape[1]:
+            raise ValueError(
+                f"{self._ids_name} has {rows} rows for {shape[1]} latent tokens: ToMe merges the "
+                f"latent's own tokens only (reference-image tokens, as in Flux Kontext, are not supported)"
+            )
+        return ids, shape[1]
 
     def _exit_root(self, module: Any, args: tuple, output: Any) -> None:
         stack = self._stack()
@@ -312,7 +353,14 @@ class ToMePatch:
         if not stack:
             return  # replayed by checkpointing: the sub-layers use the replay record
         x = self._specs[(index, "")].get(args, kwargs)
-        merge = self._plan_merge(index, module, x, stack[-1])
+        call = stack[-1]
+        if call.coords is not None:  # the image is the block input's last N tokens (Flux: text may come first)
+            ids, n = call.coords
+            if n is not None:  # the first block: (rows, cols) from the ids rows (_, row, col), on the device
+                ids = ids[0] if len(self.ops.shape(ids)) == 3 else ids
+                call.coords = (self.ops.to_int64(ids[:, 1]), self.ops.to_int64(ids[:, 2])), None
+            x = x[:, self.ops.shape(x)[1] - self.ops.shape(call.coords[0][0])[0]:]
+        merge = self._plan_merge(index, module, x, call)
         stack[-1].merges[index] = merge
         if merge is not None and self.ops.grad_enabled() and not self.ops.is_compiling():
             self._replay[index] = merge
@@ -341,7 +389,9 @@ class ToMePatch:
     def _plan_merge(self, index: int, block: Any, x: Any, call: _Call) -> Plan:
         ops, args = self.ops, self.args
         batch, num_tokens = ops.shape(x)[:2]
-        if call.grid_hw is not None:
+        if call.coords is not None:  # Flux: one token list, its grid given by coordinates
+            plan = plan_patch_block(args, (num_tokens, 1), batch, num_tokens, index)
+        elif call.grid_hw is not None:
             plan = plan_patch_block(args, call.grid_hw, batch, num_tokens, index)
         else:
             if call.finest_level is None:
@@ -385,21 +435,34 @@ class ToMePatch:
     def _match(self, index: int, x: Any, plan: Any, call: _Call) -> Optional[TokenMerge]:
         ops, args = self.ops, self.args
         offsets = None
+        if call.coords is not None:
+            # One matching for the batch (per-token rotary rows have no batch axis), so the random
+            # pattern need not differ between guidance halves: it follows use_rand whatever the batch.
+            if args.use_rand:
+                offsets = self._offsets(index, x, ops.shape(x)[1] // (args.sx * args.sy), call)
+            rows, cols = call.coords[0]
+            return compute_shared_merge(ops, x, rows, cols, args.sx, args.sy, plan.r, offsets)
         if plan.use_rand:
-            cells = num_cells(plan.w, plan.h, args.sx, args.sy)
-            table = call.draws.get(cells)
-            if table is None:
-                if call.key is None:
-                    call.key = rng.call_key(ops, args.rand_seed, call.timestep)
-                table = rng.randint(ops, x, [len(self.blocks), cells], args.sx * args.sy, call.key)
-                call.draws[cells] = table
-            offsets = table[index]
+            offsets = self._offsets(index, x, num_cells(plan.w, plan.h, args.sx, args.sy), call)
         return compute_merge(ops, x, plan.w, plan.h, args.sx, args.sy, plan.r, offsets)
 
-    def _merge_input(self, index: int, name: str, module: Any, args: tuple, kwargs: dict):
+    def _offsets(self, index: int, x: Any, cells: int, call: _Call) -> Any:
+        """Block `index`'s dst place in each of `cells` cells: one table per call and cell count."""
+        ops, args = self.ops, self.args
+        table = call.draws.get(cells)
+        if table is None:
+            if call.key is None:
+                call.key = rng.call_key(ops, args.rand_seed, call.timestep)
+            table = rng.randint(ops, x, [len(self.blocks), cells], args.sx * args.sy, call.key)
+            call.draws[cells] = table
+        return table[index]
+
+    def _merge_input(self, index: int, name: str, rotary: Optional[str], module: Any, args: tuple, kwargs: dict):
         merge = self._current_merge(index)
         if merge is None:
             return None
+        if rotary is not None and kwargs.get(rotary) is not None:
+            kwargs = {**kwargs, rotary: tuple(merge.gather_rows(rows) for rows in kwargs[rotary])}
         if name == "attn1" and kwargs.get("attention_mask") is not None:
             raise ValueError(
                 "ToMe cannot merge self-attention that is given an attention_mask (the mask addresses "
@@ -450,13 +513,31 @@ class ToMePatch:
                 stack[-1].shared[("projected", index)] = (x, small)
         return ((small,) + args[1:], kwargs) if args else (args, {**kwargs, "input": small})
 
-    def _unmerge_output(self, index: int, position: Optional[int], module: Any, args: tuple, output: Any) -> Any:
+    def _unmerge_output(self, index: int, positions: Tuple[int, ...], module: Any, args: tuple, output: Any) -> Any:
+        """The image tokens of a sub-layer's output back to every token (the last N of a joined sequence)."""
+        merge = self._current_merge(index)
+        if merge is None:
+            return None
+        if not positions:
+            return merge.unmerge_tail(output)
+        return tuple(merge.unmerge(item) if i in positions and item is not None else item
+                     for i, item in enumerate(output))
+
+    def _merge_output(self, index: int, position: Optional[int], module: Any, args: tuple, output: Any) -> Any:
+        """A span's start: the image tokens (the last N) of this sub-layer's output merge."""
         merge = self._current_merge(index)
         if merge is None:
             return None
         if position is None:
-            return merge.unmerge(output)
-        return output[:position] + (merge.unmerge(output[position]),) + output[position + 1:]
+            return merge.merge_tail(output)
+        return tuple(merge.merge_tail(item) if i == position else item for i, item in enumerate(output))
+
+    def _gather_rotary(self, index: int, rotary: str, module: Any, args: tuple, kwargs: dict):
+        """Inside a span: the attention's rotary rows follow the merged tokens."""
+        merge = self._current_merge(index)
+        if merge is None or kwargs.get(rotary) is None:
+            return None
+        return args, {**kwargs, rotary: tuple(merge.gather_rows(rows) for rows in kwargs[rotary])}
 
 
 _CHUNKED_FF = (

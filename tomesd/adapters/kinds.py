@@ -11,15 +11,37 @@ from typing import Any, Dict, Optional, Tuple
 
 from .frameworks import class_names
 
+_FLUX_DOWNSAMPLE = (
+    "Flux rotates keys inside its attention processor after projecting them, so there is no seam between "
+    "projection and rotation where keys could be downsampled with their own positions; use mode='merge', "
+    "which merges image tokens with their rotary positions"
+)
+
 
 @dataclass(frozen=True)
 class Sublayer:
-    """A sub-layer of a block whose input tokens `tokens` are the block's image tokens [B, N, C]."""
+    """A sub-layer of a block whose input tokens `tokens` are the block's image tokens [B, N, C]
+    (or, with tail=True, a sequence whose last N tokens are)."""
 
     name: str  # attribute of the block
     flag: str  # the ToMeArgs flag that merges around it
     tokens: Tuple[str, ...] = ("hidden_states", "x")  # input names (else its first positional input)
-    output: Optional[int] = None  # where the image tokens sit in a tuple output; None: the output itself
+    outputs: Tuple[int, ...] = ()  # where image tokens sit in a tuple output (those present); (): the output itself
+    rotary: Optional[str] = None  # keyword input of per-token (cos, sin) rows that follow the tokens
+
+
+@dataclass(frozen=True)
+class Span:
+    """Tokens merged from the output of one sub-layer to the output of another: for blocks that join
+    text and image before their sub-layers (Flux's single blocks: norm -> (attn, proj_mlp) -> proj_out),
+    the image (the last N tokens) of `start`'s output `start_output` merges, `end`'s output unmerges."""
+
+    start: str
+    start_output: Optional[int]  # index in a tuple output; None: the output itself
+    end: str
+    flag: str
+    rotary_at: Optional[str] = None  # a sub-layer inside the span that takes per-token rotary rows
+    rotary: str = "image_rotary_emb"
 
 
 @dataclass(frozen=True)
@@ -41,12 +63,15 @@ class BlockKind:
     class_name: str
     sublayers: Tuple[Sublayer, ...]
     downsample: Tuple[Downsample, ...]
-    tokens: Tuple[str, ...] = ("hidden_states", "x")  # the block's image-token input
+    tokens: Tuple[str, ...] = ("hidden_states", "x")  # the block's image-token input (the last N tokens of it)
+    spans: Tuple[Span, ...] = ()
+    # Why mode="downsample" is refused on this kind, when it is.
+    no_downsample: str = ""
 
     @property
     def self_attention(self) -> str:
-        """The sub-layer whose keys are the image tokens (the first one listed)."""
-        return self.sublayers[0].name
+        """The sub-layer whose keys are the image tokens (the first one listed, or a span's attention)."""
+        return self.sublayers[0].name if self.sublayers else self.spans[0].rotary_at
 
 
 BLOCK_KINDS: Dict[str, BlockKind] = {
@@ -63,10 +88,30 @@ BLOCK_KINDS: Dict[str, BlockKind] = {
         # image-only self-attention. Text tokens never pass through a hooked input.
         BlockKind(
             "JointTransformerBlock",
-            sublayers=(Sublayer("attn", "merge_attn", tokens=("hidden_states",), output=0),
+            sublayers=(Sublayer("attn", "merge_attn", tokens=("hidden_states",), outputs=(0,)),
                        Sublayer("attn2", "merge_attn", tokens=("hidden_states",)),
                        Sublayer("ff", "merge_mlp")),
             downsample=(Downsample("attn", "projections"), Downsample("attn2", "projections")),
+        ),
+        # Flux double-stream blocks: as SD3's, and the rotary rows (cos, sin) [text + image, D] that the
+        # processor applies to queries and keys follow the merged image tokens. Outputs (image, text) or,
+        # with an IP-Adapter, (image, text, image-length IP output).
+        BlockKind(
+            "FluxTransformerBlock",
+            sublayers=(Sublayer("attn", "merge_attn", tokens=("hidden_states",), outputs=(0, 2),
+                                rotary="image_rotary_emb"),
+                       Sublayer("ff", "merge_mlp")),
+            downsample=(),
+            no_downsample=_FLUX_DOWNSAMPLE,
+        ),
+        # Flux single-stream blocks join [text, image] inside; norm's output merges (image part), the
+        # attention and the MLP run on the merged sequence, proj_out's output unmerges.
+        BlockKind(
+            "FluxSingleTransformerBlock",
+            sublayers=(),
+            downsample=(),
+            spans=(Span("norm", 0, "proj_out", "merge_attn", rotary_at="attn"),),
+            no_downsample=_FLUX_DOWNSAMPLE,
         ),
     )
 }
@@ -91,6 +136,14 @@ def patch_size(root: Any) -> Optional[int]:
         size = getattr(root, "patch_size", None)
     return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
 
+
+def ids_input(root: Any) -> Optional[str]:
+    """The input of a denoiser that gives each image token's grid coordinates (Flux's packed latent
+    has no spatial axes: its `img_ids` rows are (0, row, col)), or None."""
+    return "img_ids" if any(name.endswith(_IDS_ROOTS) for name in class_names(root)) else None
+
+
+_IDS_ROOTS = ("FluxTransformer2DModel", "FluxControlNetModel")
 
 # Denoisers that patchify their latent once: SD3Transformer2DModel, PixArtTransformer2DModel,
 # DiTTransformer2DModel, ppdiffusers' Transformer2DModel (PixArt, DiT), SD3ControlNetModel.

@@ -28,7 +28,8 @@ _UNSUPPORTED_ROOTS = {
 
 _SUPPORTED = (
     "a diffusers/ppdiffusers pipeline, a UNet2DConditionModel or ControlNetModel, an SD3 / SD3.5, PixArt or "
-    "DiT transformer (torch or paddle), or an LDM / Stable Diffusion model with .model.diffusion_model"
+    "DiT transformer (torch or paddle), a Flux transformer or ControlNet (torch), or an LDM / Stable Diffusion "
+    "model with .model.diffusion_model"
 )
 
 

@@ -1,0 +1,315 @@
+"""Flux under ToMe: image tokens merge in double- and single-stream blocks, their rotary positions follow
+them, text tokens never merge; one matching serves the batch; everything the other models keep holds."""
+import copy
+import pickle
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tiny_torch as T
+import tomesd
+from threads import Overlap, run_in_threads
+from tome_core import compute_shared_merge, coordinate_partition, get_backend, grid_partition, rng
+from tomesd.adapters import hooks
+
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def model():
+    return T.flux()
+
+
+def run(model, inputs):
+    with torch.no_grad():
+        return model(**inputs).sample
+
+
+def probe(model, inputs):
+    """Tokens entering each block's attention queries (image queries of double blocks, the joined
+    sequence of single blocks), text queries of double blocks, and single blocks' MLP."""
+    seen = {"double_q": [], "text_q": [], "single_q": [], "single_mlp": []}
+    handles = []
+    for block in model.transformer_blocks:
+        handles.append(block.attn.to_q.register_forward_pre_hook(lambda m, a: seen["double_q"].append(a[0].shape[1])))
+        handles.append(block.attn.add_q_proj.register_forward_pre_hook(lambda m, a: seen["text_q"].append(a[0].shape[1])))
+    for block in model.single_transformer_blocks:
+        handles.append(block.attn.to_q.register_forward_pre_hook(lambda m, a: seen["single_q"].append(a[0].shape[1])))
+        handles.append(block.proj_mlp.register_forward_pre_hook(lambda m, a: seen["single_mlp"].append(a[0].shape[1])))
+    out = run(model, inputs)
+    for handle in handles:
+        handle.remove()
+    return out, seen
+
+
+@pytest.mark.parametrize("h,w", [(8, 8), (6, 10), (7, 9), (5, 5)])
+def test_image_tokens_merge_in_double_and_single_blocks_and_text_never(model, h, w):
+    inputs = T.flux_inputs(h=h, w=w)
+    n, text = h * w, 5
+    base, plain = probe(model, inputs)
+    tomesd.apply_patch(model, ratio=0.5)
+    try:
+        out, seen = probe(model, inputs)
+    finally:
+        tomesd.remove_patch(model)
+    merged = n - n // 2
+    assert plain["double_q"] == [n, n] and plain["single_q"] == [text + n] * 2
+    assert seen["double_q"] == [merged] * 2 and seen["text_q"] == plain["text_q"] == [text] * 2
+    assert seen["single_q"] == seen["single_mlp"] == [text + merged] * 2  # the MLP runs on the merged sequence too
+    assert (out - base).abs().max().item() > 1000 * TOL
+    assert torch.equal(run(model, inputs), base)
+
+
+def test_merged_tokens_take_their_representatives_rotary_rows_as_placed_by_hand(model):
+    """Hooks placed by hand on the host's own modules: the merge (one for the batch, top-left dst),
+    the rotary rows [text, image] with each merged image token given its representative's row, the
+    double blocks' attention and feed-forward image tokens merged, and single blocks merged from norm's
+    output to proj_out's."""
+    inputs = T.flux_inputs(h=6, w=10)
+    n = 60
+    base = run(model, inputs)
+    rows, cols = inputs["img_ids"][:, 1].long(), inputs["img_ids"][:, 2].long()
+    state, handles = {}, []
+
+    def enter(m, args, kwargs):
+        x = kwargs["hidden_states"]
+        state["m"] = compute_shared_merge(get_backend(x), x[:, -n:], rows, cols, 2, 2, n // 2)
+
+    def rotary(kwargs):
+        m = state["m"]
+        return tuple(torch.cat([t[:-n], t[-n:][m.representatives]]) for t in kwargs["image_rotary_emb"])
+
+    for block in model.transformer_blocks:
+        handles += [block.register_forward_pre_hook(enter, with_kwargs=True),
+                    block.attn.register_forward_pre_hook(lambda m, a, k: (a, {**k, "hidden_states": state["m"].merge(
+                        k["hidden_states"]), "image_rotary_emb": rotary(k)}), with_kwargs=True),
+                    block.attn.register_forward_hook(lambda m, a, out: (state["m"].unmerge(out[0]),) + out[1:])]
+    for block in model.single_transformer_blocks:
+        def merge_norm(m, a, out):
+            x = out[0]
+            return (torch.cat([x[:, :-n], state["m"].merge(x[:, -n:])], 1),) + out[1:]
+
+        def unmerge_out(m, a, out):
+            k = state["m"].num_merged
+            return torch.cat([out[:, :-k], state["m"].unmerge(out[:, -k:])], 1)
+
+        handles += [block.register_forward_pre_hook(enter, with_kwargs=True),
+                    block.norm.register_forward_hook(merge_norm), block.proj_out.register_forward_hook(unmerge_out),
+                    block.attn.register_forward_pre_hook(lambda m, a, k: (a, {**k, "image_rotary_emb": rotary(k)}),
+                                                         with_kwargs=True)]
+    try:
+        expected = run(model, inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    tomesd.apply_patch(model, ratio=0.5, use_rand=False)
+    try:
+        ours = run(model, inputs)
+    finally:
+        tomesd.remove_patch(model)
+    assert (expected - base).abs().max().item() > 1000 * TOL
+    assert (ours - expected).abs().max().item() < TOL
+
+
+@pytest.mark.parametrize("offsets", [False, True])
+@pytest.mark.parametrize("h,w", [(8, 8), (6, 10), (4, 12)])
+def test_coordinate_partition_equals_the_grid_partition_on_even_grids(h, w, offsets):
+    xp = get_backend(torch.zeros(1))
+    ids = T.flux_inputs(h=h, w=w)["img_ids"]
+    cells = (h // 2) * (w // 2)
+    table = rng.randint(xp, ids, [cells], 4, rng.call_key(xp, 0, None)) if offsets else None
+    by_coords = coordinate_partition(xp, ids[:, 1].long(), ids[:, 2].long(), 2, 2, table)
+    by_grid = grid_partition(xp, ids, w, h, 2, 2, table)
+    assert by_coords[2] == cells
+    assert torch.equal(by_coords[0], by_grid[0]) and torch.equal(by_coords[1], by_grid[1])
+
+
+def test_representatives_are_the_dst_token_of_each_merged_row_or_the_token_itself():
+    xp = get_backend(torch.zeros(1))
+    ids = T.flux_inputs(h=6, w=10)["img_ids"]
+    metric = torch.randn(3, 60, 8, generator=torch.Generator().manual_seed(0))
+    m = compute_shared_merge(xp, metric, ids[:, 1].long(), ids[:, 2].long(), 2, 2, 30)
+    rows_of = m.merge(torch.arange(60.0).reshape(1, 60, 1).expand(3, 60, 1), mode="amax")  # a row's largest id
+    counts = m.merge(torch.ones(3, 60, 1), mode="sum")
+    dst = set(coordinate_partition(xp, ids[:, 1].long(), ids[:, 2].long(), 2, 2, None)[0][-15:].tolist())
+    assert m.representatives.shape == (30,) and len(set(m.representatives.tolist())) == 30
+    token_row = m.unmerge(torch.arange(30.0).reshape(1, 30, 1).expand(3, 30, 1))[0, :, 0].long()
+    for row, token in enumerate(m.representatives.tolist()):
+        assert token_row[token] == row  # the representative belongs to its row
+        assert token in dst or counts[0, row, 0] == 1  # a row that merged several tokens stands for its dst
+    assert torch.equal(rows_of[0], rows_of[2])  # one map for the whole batch
+
+
+def test_one_matching_serves_the_batch(model):
+    """A batch of two copies of one sample merges as that sample alone (the batch's summed metric points
+    the same way), so each sample's output equals the single run."""
+    one = T.flux_inputs(batch=1)
+    two = {k: (torch.cat([v, v]) if k in ("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep")
+               else v) for k, v in one.items()}
+    tomesd.apply_patch(model, ratio=0.5)
+    try:
+        single, double = run(model, one), run(model, two)
+    finally:
+        tomesd.remove_patch(model)
+    assert (single - run(model, one)).abs().max().item() > 1000 * TOL
+    assert (double[0] - single[0]).abs().max().item() < TOL and (double[1] - single[0]).abs().max().item() < TOL
+
+
+def test_blocks_index_double_then_single_blocks(model):
+    inputs = T.flux_inputs()
+    tomesd.apply_patch(model, ratio=0.5, blocks=[1, 2])  # the second double block, the first single one
+    try:
+        _, seen = probe(model, inputs)
+    finally:
+        tomesd.remove_patch(model)
+    assert seen["double_q"] == [64, 32] and seen["single_q"] == [5 + 32, 5 + 64]
+
+
+@pytest.mark.parametrize("kwargs,message", [(dict(mode="downsample"), "mode='merge'"),
+                                            (dict(max_downsample=1), "^max_downsample"), (dict(blocks=[4]), "^blocks")])
+def test_flux_refuses_what_it_cannot_run_before_any_change(model, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        tomesd.apply_patch(model, **kwargs)
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
+
+
+def test_reference_image_tokens_are_refused_clearly(model):
+    inputs = T.flux_inputs()
+    inputs["img_ids"] = torch.cat([inputs["img_ids"], inputs["img_ids"][:4]])  # ids of more tokens than the latent
+    tomesd.apply_patch(model, ratio=0.5)
+    try:
+        with pytest.raises(ValueError, match="Kontext"):
+            run(model, inputs)
+    finally:
+        tomesd.remove_patch(model)
+
+
+class CountingBackend:
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += any(node.op.startswith("call_") for node in gm.graph.nodes)
+        return gm.forward
+
+
+def test_denoising_loop_is_one_graph_without_recompiles_and_equals_eager():
+    torch._dynamo.reset()
+    model = T.flux()
+    steps = [T.flux_inputs(t=t, seed=i) for i, t in enumerate((1.0, 0.6, 0.2))]
+    plain = [run(model, inputs) for inputs in steps]
+    tomesd.apply_patch(model, ratio=0.5)
+    eager = [run(model, inputs) for inputs in steps]
+    with torch.no_grad():
+        explained = torch._dynamo.explain(model)(**steps[0])
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    backend = CountingBackend()
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
+    outs = [run(compiled, steps[0])]
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        outs += [run(compiled, inputs) for inputs in steps[1:]]
+    torch._dynamo.reset()
+    assert backend.graphs == 1
+    for out, ref, base in zip(outs, eager, plain):
+        assert (ref - base).abs().max() > 1e-2
+        assert torch.equal(out, ref)
+
+
+def test_forward_on_the_meta_device_reads_no_tensor_value():
+    from diffusers import FluxTransformer2DModel
+
+    with torch.device("meta"):
+        model = FluxTransformer2DModel(**T.FLUX).eval()
+    inputs = {k: v.to("meta") for k, v in T.flux_inputs(h=6, w=10).items()}
+    tomesd.apply_patch(model, ratio=0.5)
+    out, seen = probe(model, inputs)
+    assert out.device.type == "meta" and seen["double_q"] == [30, 30]
+
+
+def test_copies_threads_and_checkpointing(model):
+    inputs = T.flux_inputs()
+    base = run(model, inputs)
+    tomesd.apply_patch(model, ratio=0.5)
+    try:
+        patched = run(model, inputs)
+        for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+            assert torch.equal(run(twin, inputs), patched)
+            tomesd.remove_patch(twin)
+            assert torch.equal(run(twin, inputs), base)
+        jobs = [T.flux_inputs(h=8, w=8, seed=5), T.flux_inputs(h=6, w=10, seed=6)]
+        expected = [run(model, job) for job in jobs]
+        overlap = Overlap(model)
+
+        def job(i, sync):
+            outs = []
+            for _ in range(3):
+                sync()
+                outs.append(run(model, jobs[i % 2]))
+            return outs
+
+        results = run_in_threads(job)
+        overlap.remove()
+    finally:
+        tomesd.remove_patch(model)
+    assert (patched - base).abs().max().item() > 1000 * TOL and overlap.most > 1
+    assert all(torch.equal(out, expected[i % 2]) for i, outs in results.items() for out in outs)
+
+
+def test_gradient_checkpointing_gives_the_same_loss_and_gradients():
+    def loss_and_grads(model):
+        model.zero_grad(set_to_none=True)
+        out = model(**T.flux_inputs()).sample
+        loss = F.mse_loss(out, torch.randn(out.shape, generator=torch.Generator().manual_seed(0)))
+        loss.backward()
+        return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    model = T.flux().train()
+    base_loss, _ = loss_and_grads(model)
+    tomesd.apply_patch(model, ratio=0.5)
+    loss, grads = loss_and_grads(model)
+    model.enable_gradient_checkpointing()
+    loss_ckpt, grads_ckpt = loss_and_grads(model)
+    assert abs(loss - base_loss) > 1e-3
+    assert abs(loss - loss_ckpt) < 1e-6 * max(1.0, abs(loss))
+    assert grads.keys() == grads_ckpt.keys() and len(grads) > 10
+    for name in grads:
+        assert (grads[name] - grads_ckpt[name]).abs().max() <= 1e-5 * grads[name].abs().max() + 1e-7, name
+
+
+def test_reuse_steps_on_flux(model, monkeypatch):
+    computed = []
+    real = hooks.compute_shared_merge
+    monkeypatch.setattr(hooks, "compute_shared_merge", lambda *a, **k: computed.append(1) or real(*a, **k))
+    steps = [T.flux_inputs(t=t, seed=i) for i, t in enumerate([0.9, 0.9, 0.7, 0.5])]
+    tomesd.apply_patch(model, ratio=0.5, reuse_steps=2)
+    try:
+        counts = []
+        for inputs in steps:
+            before = len(computed)
+            _, seen = probe(model, inputs)
+            counts.append(len(computed) - before)
+            assert seen["double_q"] == [32, 32]
+    finally:
+        tomesd.remove_patch(model)
+    assert counts == [4, 0, 0, 4]  # 4 blocks; steps 0.9 (twice) and 0.7 share one matching
+
+
+def test_flux_controlnet_merges_its_blocks():
+    from diffusers import FluxControlNetModel
+
+    controlnet = T.randomize_(FluxControlNetModel(**{k: v for k, v in T.FLUX.items()}), 2)
+    inputs = T.flux_inputs()
+    inputs["controlnet_cond"] = torch.randn(2, 64, 16, generator=torch.Generator().manual_seed(3))
+
+    def go():
+        with torch.no_grad():
+            blocks, singles = controlnet(**inputs, return_dict=False)
+        return torch.cat([torch.stack(list(blocks)).flatten(), torch.stack(list(singles)).flatten()])
+
+    base = go()
+    tomesd.apply_patch(controlnet, ratio=0.5)
+    merged = go()
+    tomesd.remove_patch(controlnet)
+    assert (merged - base).abs().max().item() > 1000 * TOL
+    assert torch.equal(go(), base)
