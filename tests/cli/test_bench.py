@@ -195,3 +195,15 @@ def test_a_transformer_architecture_in_every_mode_over_a_loop(tmp_path, capsys):
 def test_transformer_options_are_checked_before_any_work(argv, message, capsys):
     assert bench(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_flux_architecture_packs_its_latent_and_merges_every_block(tmp_path, capsys):
+    out_json = tmp_path / "r.json"
+    argv = ["--config", "tiny-flux", "--res", "64", "--repeats", "1", "--ratios", "0.5", "--no-memory",
+            "--json", str(out_json)]
+    assert bench(argv) == 0
+    rows = {r["method"]: r for r in json.loads(out_json.read_text())["results"]}
+    # 64 pixels: an 8x8 latent packed into 4x4 tokens; 1 double block sees 16 image keys, 2 single blocks
+    # see 512 text + 16 image keys each.
+    assert list(rows["tome"]["tokens"].values())[0][1] < list(rows["baseline"]["tokens"].values())[0][0]
+    assert rows["tome"]["output_change"] > 0

@@ -9,16 +9,18 @@ from typing import List, Optional
 
 from .configs import ARCHS
 
-ARCH_NAMES = {"sd1": "sd15", "sd3": "sd3", "pixart": "pixart"}
+ARCH_NAMES = {"sd1": "sd15", "sd3": "sd3", "pixart": "pixart", "flux": "flux"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=["torch", "paddle"], default="torch")
     parser.add_argument("--arch", choices=sorted(ARCH_NAMES), default=None,
                         help="architecture at real width, random weights: sd1 (SD1.5 UNet, the default), sd3 "
-                             "(SD3-medium transformer), pixart (PixArt-alpha 1024); same as --config sd15/sd3/pixart")
+                             "(SD3-medium transformer), pixart (PixArt-alpha 1024), flux (Flux.1-dev); same as "
+                             "--config sd15/sd3/pixart/flux")
     parser.add_argument("--depth", type=int, default=None,
-                        help="transformers: build only this many blocks (default: all; SD3-medium 24, PixArt 28)")
+                        help="transformers: build only this many blocks (default: all; SD3-medium 24, PixArt 28, "
+                             "Flux 19 double-stream, with twice as many single-stream)")
     parser.add_argument("--config", choices=sorted(ARCHS), default="sd15",
                         help="architecture built with random weights (default: SD1.5's UNet; tiny ones for checks)")
     parser.add_argument("--res", type=int, default=512, help="image side in pixels (latent = res/8); default 512")
@@ -203,8 +205,13 @@ def run(args: argparse.Namespace) -> int:
     total = n_configs * (settings.warmup + settings.repeats + 1 + (1 if cpu_memory else 0) + (1 if settings.compile else 0))
     compiled = f", torch.compile(backend={settings.compile_backend!r})" if settings.compile else ""
 
-    model_name = ARCHS[settings.config].name + (f" ({settings.depth} of {ARCHS[settings.config].full_depth} blocks)"
-                                                if settings.depth else "")
+    arch = ARCHS[settings.config]
+    model_name = arch.name
+    if settings.depth and arch.extra == "flux":
+        model_name += (f" ({settings.depth} of {arch.full_depth} double-stream and {2 * settings.depth} of "
+                       f"{arch.config['num_single_layers']} single-stream blocks)")
+    elif settings.depth:
+        model_name += f" ({settings.depth} of {arch.full_depth} blocks)"
     print(f"{model_name}, random weights, {settings.res}x{settings.res}, batch {settings.batch}, "
           f"{settings.dtype} on {kit.name}/{settings.device}{compiled}; {n_configs} configurations interleaved",
           file=sys.stderr)

@@ -37,6 +37,15 @@ TINY_SD3 = dict(
 )
 
 
+FLUX_DEV = dict(  # Flux.1-dev (schnell: no guidance embedding)
+    patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128, num_attention_heads=24,
+    joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True, axes_dims_rope=(16, 56, 56),
+)
+TINY_FLUX = dict(patch_size=1, in_channels=16, num_layers=1, num_single_layers=2, attention_head_dim=16,
+                 num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=True,
+                 axes_dims_rope=(4, 6, 6))
+
+
 class Arch:
     """One benchmarked architecture: how to build it and call it."""
 
@@ -58,6 +67,8 @@ class Arch:
         config = dict(self.config)
         if depth is not None:
             config[self.depth_key] = depth
+            if self.extra == "flux":  # single-stream blocks cut alike: Flux has two per double block
+                config["num_single_layers"] = 2 * depth
         return config
 
 
@@ -68,4 +79,9 @@ ARCHS = {
     "pixart": Arch("PixArt-alpha transformer", "PixArtTransformer2DModel", PIXART_ALPHA, 4, 4096, 0, "num_layers",
                    extra="pixart"),
     "tiny-sd3": Arch("tiny SD3 transformer", "SD3Transformer2DModel", TINY_SD3, 4, 16, 8, "num_layers"),
+    # --depth D: D double-stream and 2D single-stream blocks (full: 19 and 38)
+    "flux": Arch("Flux.1-dev transformer", "FluxTransformer2DModel", FLUX_DEV, 16, 4096, 768, "num_layers", extra="flux"),
+    "tiny-flux": Arch("tiny Flux transformer", "FluxTransformer2DModel", TINY_FLUX, 4, 32, 32, "num_layers",
+                      extra="flux"),
 }
+FLUX_TEXT_TOKENS = 512  # Flux-dev's T5 sequence

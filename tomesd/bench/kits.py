@@ -6,7 +6,7 @@ import contextlib
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from .configs import ARCHS, CONFIGS, TEXT_TOKENS
+from .configs import ARCHS, CONFIGS, FLUX_TEXT_TOKENS, TEXT_TOKENS
 
 METHODS = ("baseline", "tome", "reference")
 
@@ -60,7 +60,8 @@ class _Kit:
 
         from ..adapters import hooks
 
-        found = {"tome": [(hooks, "compute_merge"), (TokenMerge, "merge"), (TokenMerge, "unmerge"),
+        found = {"tome": [(hooks, "compute_merge"), (hooks, "compute_shared_merge"), (TokenMerge, "merge"),
+                          (TokenMerge, "unmerge"), (TokenMerge, "gather_rows"),
                           (hooks, "compute_downsample"), (KVDownsample, "__call__")]}
         reference = self.reference_machinery()
         if reference:
@@ -100,9 +101,19 @@ class TorchKit(_Kit):
         gen = torch.Generator().manual_seed(seed)
         latent = res // 8
         cast = lambda t: t.to(self.device, self.dtype)  # noqa: E731
-        x = cast(torch.randn(batch, arch.latent_channels, latent, latent, generator=gen))
-        c = cast(torch.randn(batch, TEXT_TOKENS, arch.text_dim, generator=gen))
         extra: Dict[str, Any] = {}
+        if arch.extra == "flux":  # a packed latent: one token per 2x2 latent patch, 4x the channels
+            side = latent // 2
+            x = cast(torch.randn(batch, side * side, 4 * arch.latent_channels, generator=gen))
+            c = cast(torch.randn(batch, FLUX_TEXT_TOKENS, arch.text_dim, generator=gen))
+            ids = torch.zeros(side, side, 3)
+            ids[..., 1] += torch.arange(side)[:, None]
+            ids[..., 2] += torch.arange(side)[None, :]
+            extra.update(img_ids=cast(ids.reshape(-1, 3)), txt_ids=cast(torch.zeros(FLUX_TEXT_TOKENS, 3)),
+                         guidance=cast(torch.full((batch,), 3.5)))
+        else:
+            x = cast(torch.randn(batch, arch.latent_channels, latent, latent, generator=gen))
+            c = cast(torch.randn(batch, TEXT_TOKENS, arch.text_dim, generator=gen))
         if arch.pooled_dim:
             extra["pooled_projections"] = cast(torch.randn(batch, arch.pooled_dim, generator=gen))
         if arch.extra == "pixart":
