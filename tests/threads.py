@@ -57,3 +57,23 @@ class Overlap:
     def remove(self):
         for handle in self._handles:
             handle.remove()
+
+
+def concurrent_calls(module, call, jobs, rounds: int = 3, count: int = 4) -> dict:
+    """Thread i makes `call(jobs[i % len(jobs)])` `rounds` times, every thread in lockstep; returns
+    {i: [outputs]} once it is checked that calls into `module` really overlapped."""
+    overlap = Overlap(module)
+
+    def job(i, sync):
+        outs = []
+        for _ in range(rounds):
+            sync()  # every thread's call starts together
+            outs.append(call(jobs[i % len(jobs)]))
+        return outs
+
+    try:
+        results = run_in_threads(job, count)
+    finally:
+        overlap.remove()
+    assert overlap.most > 1, "the calls never ran at the same time"
+    return results

@@ -158,7 +158,7 @@ def run_transformer(model, inputs: dict) -> torch.Tensor:
         return model(**inputs).sample
 
 
-def sd3_pipeline(tmp_path):
+def sd3_pipeline(tmp_path, controlnet=None):
     """A tiny StableDiffusion3Pipeline: two CLIP text encoders, no T5 (the pipeline pads its place with
     zeros), the tiny SD3 transformer with a joint width of 64 (the two CLIPs' 32 each), a tiny VAE."""
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
@@ -172,11 +172,17 @@ def sd3_pipeline(tmp_path):
     transformer = randomize_(SD3Transformer2DModel(**dict(SD3, joint_attention_dim=64, pooled_projection_dim=64)))
     vae = AutoencoderKL(**dict(VAE, shift_factor=0.0, scaling_factor=1.0, use_quant_conv=False,
                                use_post_quant_conv=False)).eval()
-    pipe = StableDiffusion3Pipeline(
+    parts = dict(
         transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae,
         text_encoder=encoders[0], tokenizer=tokenizers[0], text_encoder_2=encoders[1], tokenizer_2=tokenizers[1],
         text_encoder_3=None, tokenizer_3=None,
     )
+    if controlnet is None:
+        pipe = StableDiffusion3Pipeline(**parts)
+    else:
+        from diffusers import StableDiffusion3ControlNetPipeline
+
+        pipe = StableDiffusion3ControlNetPipeline(**parts, controlnet=controlnet)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 

@@ -189,6 +189,8 @@ def coordinate_partition(xp: Backend, rows: Any, cols: Any, sx: int, sy: int, of
     """
     n = xp.shape(rows)[0]
     num_dst = n // (sx * sy)
+    rows = rows + xp.max_with_indices(-rows, 0)[0]  # from 0, wherever the ids start
+    cols = cols + xp.max_with_indices(-cols, 0)[0]
     h = xp.max_with_indices(rows, 0)[0] + 1
     w = xp.max_with_indices(cols, 0)[0] + 1
     cells_w = w // sx
@@ -197,8 +199,9 @@ def coordinate_partition(xp: Backend, rows: Any, cols: Any, sx: int, sy: int, of
     place = (rows % sy) * sx + cols % sx
     if offsets is None:
         wanted = xp.zeros([n], rows, integer=True)
-    else:
-        wanted = xp.take(offsets, xp.where(in_cell > 0, cell, xp.zeros([n], rows, integer=True)), 0)
+    else:  # cells beyond the table (ids that do not fill a rectangle) read cell 0 rather than out of range
+        inside = xp.to_int64(cell < num_dst) * in_cell
+        wanted = xp.take(offsets, xp.where(inside > 0, cell, xp.zeros([n], rows, integer=True)), 0)
     is_dst = in_cell * xp.to_int64(xp.equal(place, wanted))
     order = xp.argsort(is_dst, 0, False)  # stable: src then dst, each in token order
     position = xp.argsort(order, 0, False)

@@ -5,15 +5,13 @@ tensor value on the host (the meta device has none to read), and launch no more 
 tomesd does. Compiles use the aot_eager backend (graph structure, exact numbers) except one
 inductor check.
 """
-from collections import Counter
-
 import pytest
 import torch
 import torch._dynamo
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import tiny_torch as T
 import tomesd
+from probes import CountingBackend, OpCounter
 from references import load_tomesd_ref
 from tomesd.adapters.hooks import PATCH_ATTR
 
@@ -26,17 +24,6 @@ def fresh_dynamo():
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
-
-
-class CountingBackend:
-    """A dynamo backend that counts the graphs with any op it is given, and runs them as traced."""
-
-    def __init__(self):
-        self.graphs = 0
-
-    def __call__(self, gm, example_inputs):
-        self.graphs += any(node.op.startswith("call_") for node in gm.graph.nodes)
-        return gm.forward
 
 
 def run(model, x, t, c):
@@ -193,16 +180,6 @@ def test_forward_on_the_meta_device_reads_no_tensor_value(layout, mode):
     finest = 16 * 16 if layout == "sd1" else 8 * 8
     expected = {"merge": finest // 2, "downsample": finest // 4, "downsample-avg": (-(-int(finest ** 0.5) // 3)) ** 2}
     assert seen[0] == expected[mode]  # reduced, not skipped
-
-
-class OpCounter(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[str(func)] += 1
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))

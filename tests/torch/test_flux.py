@@ -5,11 +5,14 @@ import pickle
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import tiny_torch as T
 import tomesd
-from threads import Overlap, run_in_threads
+from probes import (
+    assert_checkpointing_keeps_loss_and_gradients, assert_loop_compiles_once_and_equals_eager,
+    assert_patch_equals_hooks_by_hand,
+)
+from threads import concurrent_calls
 from tome_core import compute_shared_merge, coordinate_partition, get_backend, grid_partition, rng
 from tomesd.adapters import hooks
 
@@ -98,18 +101,7 @@ def test_merged_tokens_take_their_representatives_rotary_rows_as_placed_by_hand(
                     block.norm.register_forward_hook(merge_norm), block.proj_out.register_forward_hook(unmerge_out),
                     block.attn.register_forward_pre_hook(lambda m, a, k: (a, {**k, "image_rotary_emb": rotary(k)}),
                                                          with_kwargs=True)]
-    try:
-        expected = run(model, inputs)
-    finally:
-        for handle in handles:
-            handle.remove()
-    tomesd.apply_patch(model, ratio=0.5, use_rand=False)
-    try:
-        ours = run(model, inputs)
-    finally:
-        tomesd.remove_patch(model)
-    assert (expected - base).abs().max().item() > 1000 * TOL
-    assert (ours - expected).abs().max().item() < TOL
+    assert_patch_equals_hooks_by_hand(model, lambda: run(model, inputs), base, handles, TOL, ratio=0.5, use_rand=False)
 
 
 @pytest.mark.parametrize("offsets", [False, True])
@@ -185,35 +177,9 @@ def test_reference_image_tokens_are_refused_clearly(model):
         tomesd.remove_patch(model)
 
 
-class CountingBackend:
-    def __init__(self):
-        self.graphs = 0
-
-    def __call__(self, gm, example_inputs):
-        self.graphs += any(node.op.startswith("call_") for node in gm.graph.nodes)
-        return gm.forward
-
-
 def test_denoising_loop_is_one_graph_without_recompiles_and_equals_eager():
-    torch._dynamo.reset()
-    model = T.flux()
     steps = [T.flux_inputs(t=t, seed=i) for i, t in enumerate((1.0, 0.6, 0.2))]
-    plain = [run(model, inputs) for inputs in steps]
-    tomesd.apply_patch(model, ratio=0.5)
-    eager = [run(model, inputs) for inputs in steps]
-    with torch.no_grad():
-        explained = torch._dynamo.explain(model)(**steps[0])
-    assert explained.graph_break_count == 0 and explained.graph_count == 1
-    backend = CountingBackend()
-    compiled = torch.compile(model, fullgraph=True, backend=backend)
-    outs = [run(compiled, steps[0])]
-    with torch._dynamo.config.patch(error_on_recompile=True):
-        outs += [run(compiled, inputs) for inputs in steps[1:]]
-    torch._dynamo.reset()
-    assert backend.graphs == 1
-    for out, ref, base in zip(outs, eager, plain):
-        assert (ref - base).abs().max() > 1e-2
-        assert torch.equal(out, ref)
+    assert_loop_compiles_once_and_equals_eager(T.flux(), run, steps, ratio=0.5)
 
 
 def test_forward_on_the_meta_device_reads_no_tensor_value():
@@ -239,42 +205,15 @@ def test_copies_threads_and_checkpointing(model):
             assert torch.equal(run(twin, inputs), base)
         jobs = [T.flux_inputs(h=8, w=8, seed=5), T.flux_inputs(h=6, w=10, seed=6)]
         expected = [run(model, job) for job in jobs]
-        overlap = Overlap(model)
-
-        def job(i, sync):
-            outs = []
-            for _ in range(3):
-                sync()
-                outs.append(run(model, jobs[i % 2]))
-            return outs
-
-        results = run_in_threads(job)
-        overlap.remove()
+        results = concurrent_calls(model, lambda job: run(model, job), jobs)
     finally:
         tomesd.remove_patch(model)
-    assert (patched - base).abs().max().item() > 1000 * TOL and overlap.most > 1
+    assert (patched - base).abs().max().item() > 1000 * TOL
     assert all(torch.equal(out, expected[i % 2]) for i, outs in results.items() for out in outs)
 
 
 def test_gradient_checkpointing_gives_the_same_loss_and_gradients():
-    def loss_and_grads(model):
-        model.zero_grad(set_to_none=True)
-        out = model(**T.flux_inputs()).sample
-        loss = F.mse_loss(out, torch.randn(out.shape, generator=torch.Generator().manual_seed(0)))
-        loss.backward()
-        return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
-    model = T.flux().train()
-    base_loss, _ = loss_and_grads(model)
-    tomesd.apply_patch(model, ratio=0.5)
-    loss, grads = loss_and_grads(model)
-    model.enable_gradient_checkpointing()
-    loss_ckpt, grads_ckpt = loss_and_grads(model)
-    assert abs(loss - base_loss) > 1e-3
-    assert abs(loss - loss_ckpt) < 1e-6 * max(1.0, abs(loss))
-    assert grads.keys() == grads_ckpt.keys() and len(grads) > 10
-    for name in grads:
-        assert (grads[name] - grads_ckpt[name]).abs().max() <= 1e-5 * grads[name].abs().max() + 1e-7, name
+    assert_checkpointing_keeps_loss_and_gradients(T.flux, T.flux_inputs, dict(ratio=0.5))
 
 
 def test_reuse_steps_on_flux(model, monkeypatch):
@@ -282,6 +221,8 @@ def test_reuse_steps_on_flux(model, monkeypatch):
     real = hooks.compute_shared_merge
     monkeypatch.setattr(hooks, "compute_shared_merge", lambda *a, **k: computed.append(1) or real(*a, **k))
     steps = [T.flux_inputs(t=t, seed=i) for i, t in enumerate([0.9, 0.9, 0.7, 0.5])]
+    for inputs in steps[1:]:  # one ids tensor for the whole loop, as a pipeline builds it once per generation
+        inputs["img_ids"] = steps[0]["img_ids"]
     tomesd.apply_patch(model, ratio=0.5, reuse_steps=2)
     try:
         counts = []
@@ -313,3 +254,38 @@ def test_flux_controlnet_merges_its_blocks():
     tomesd.remove_patch(controlnet)
     assert (merged - base).abs().max().item() > 1000 * TOL
     assert torch.equal(go(), base)
+
+
+def test_reuse_matches_anew_on_another_grid_of_the_same_token_count(model, monkeypatch):
+    computed = []
+    real = hooks.compute_shared_merge
+    monkeypatch.setattr(hooks, "compute_shared_merge", lambda *a, **k: computed.append(1) or real(*a, **k))
+    wide, tall = T.flux_inputs(h=4, w=16, t=0.9), T.flux_inputs(h=16, w=4, t=0.8)  # 64 tokens each
+    tomesd.apply_patch(model, ratio=0.5, reuse_steps=3)
+    try:
+        run(model, wide)
+        before = len(computed)
+        ours = run(model, tall)  # a lower timestep within reuse_steps, but another grid
+    finally:
+        tomesd.remove_patch(model)
+    assert len(computed) - before == 4
+    tomesd.apply_patch(model, ratio=0.5)
+    try:
+        assert torch.equal(ours, run(model, tall))  # as a fresh match on that grid
+    finally:
+        tomesd.remove_patch(model)
+
+
+@pytest.mark.parametrize("h,w", [(7, 9), (5, 8), (6, 7)])
+def test_coordinate_partition_on_odd_grids_keeps_complete_cells_and_fills_n_over_4_dst(h, w):
+    xp = get_backend(torch.zeros(1))
+    ids = T.flux_inputs(h=h, w=w)["img_ids"]
+    rows, cols = ids[:, 1].long(), ids[:, 2].long()
+    order, position, num_dst = coordinate_partition(xp, rows, cols, 2, 2, None)
+    dst = set(order[-num_dst:].tolist())
+    top_left = {r * w + c for r in range(0, h // 2 * 2, 2) for c in range(0, w // 2 * 2, 2)}
+    assert num_dst == h * w // 4 and top_left <= dst  # every complete cell's dst, then fillers
+    assert torch.equal(order[position], torch.arange(h * w))
+    # ids that start elsewhere than 0 partition alike
+    shifted = coordinate_partition(xp, rows + 3, cols + 5, 2, 2, None)
+    assert torch.equal(shifted[0], order)

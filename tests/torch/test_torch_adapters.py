@@ -6,7 +6,7 @@ import torch
 import tiny_torch as T
 import tomesd
 from references import load_tomesd_ref
-from threads import Overlap, run_in_threads
+from threads import concurrent_calls
 from tomesd.adapters.hooks import PATCH_ATTR
 
 ref = load_tomesd_ref()
@@ -198,18 +198,7 @@ def test_concurrent_calls_at_two_resolutions_equal_sequential_ones(sd1_unet, use
         assert seen == [16 * 16 // 2, 24 * 20 // 2]  # both resolutions merge
         for out, base in zip(expected, bases):
             assert_acts(out, base)  # ToMe acts at both, far beyond the tolerance
-        overlap = Overlap(sd1_unet)
-
-        def job(i, sync):
-            outs = []
-            for _ in range(3):
-                sync()  # every thread's call starts together
-                outs.append(forward(sd1_unet, jobs[i % 2]))
-            return outs
-
-        results = run_in_threads(job)
-        overlap.remove()
-        assert overlap.most > 1  # the calls really ran at the same time
+        results = concurrent_calls(sd1_unet, lambda job: forward(sd1_unet, job), jobs)
         for i, outs in results.items():
             for out in outs:
                 assert torch.equal(out, expected[i % 2])

@@ -69,6 +69,7 @@ def test_fused_projections_merge_and_refuse_downsampling_by_name(kind):
     model = T.transformer(kind)
     tomesd.apply_patch(model, ratio=0.5)
     merged = run(model, kind=kind)
+    assert (merged - run_unpatched_copy(model)).abs().max().item() > 1000 * 1e-4  # far beyond the parity below
     model.fuse_qkv_projections()
     fused = run(model, kind=kind)
     assert (fused - merged).abs().max().item() < 1e-4  # fused projections: the same merge
@@ -80,7 +81,7 @@ def test_fused_projections_merge_and_refuse_downsampling_by_name(kind):
 
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_attention_processors_swapped_after_the_patch(mode):
-    from diffusers.models.attention_processor import JointAttnProcessor2_0, PAGJointAttnProcessor2_0  # noqa: F401
+    from diffusers.models.attention_processor import JointAttnProcessor2_0
 
     model = T.transformer("sd3")
     base = run(model)
@@ -112,8 +113,77 @@ def test_save_pretrained_of_a_patched_model_saves_the_host_weights_only(mode, tm
     base = run(model)
     tomesd.apply_patch(model, **MODES[mode])
     patched = run(model)
+    assert (patched - base).abs().max().item() > 1000 * TOL
     model.save_pretrained(tmp_path)
     loaded = SD3Transformer2DModel.from_pretrained(tmp_path).eval()
     assert torch.equal(run(loaded), base)  # nothing of the patch travels in the weights
     tomesd.apply_patch(loaded, **MODES[mode])
     assert torch.equal(run(loaded), patched)
+
+
+def flux_queries(model, inputs):
+    """Output, and the query tokens of each Flux block's attention that ran (a cached step runs fewer)."""
+    seen, handles = [], []
+    for block in list(model.transformer_blocks) + list(model.single_transformer_blocks):
+        handles.append(block.attn.to_q.register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[1])))
+    with torch.no_grad():
+        out = model(**inputs).sample
+    for handle in handles:
+        handle.remove()
+    return out, seen
+
+
+def test_first_block_cache_stacks_with_the_patch_on_flux(monkeypatch):
+    """diffusers' First Block Cache and ToMe on one Flux model: cached calls run only the first block,
+    which merges, and match nothing for the blocks they skip; the pair is deterministic; removing either
+    leaves the other working as it does alone."""
+    from diffusers import FirstBlockCacheConfig
+    from tomesd.adapters import hooks
+
+    steps = [T.flux_inputs(t=0.5)] * 3  # the first block's residual repeats: the cache skips after the first call
+    matchings = []
+    real = hooks.compute_shared_merge
+    monkeypatch.setattr(hooks, "compute_shared_merge", lambda *a, **k: matchings.append(1) or real(*a, **k))
+
+    def fresh(cache, patch):
+        model = T.flux()
+        if cache:
+            model.enable_cache(FirstBlockCacheConfig(threshold=0.05))
+        if patch:
+            tomesd.apply_patch(model, ratio=0.5)
+        return model
+
+    def loop(model):
+        outs, queries, counts = [], [], []
+        for inputs in steps:
+            before = len(matchings)
+            if getattr(model, "is_cache_enabled", False):
+                with model.cache_context("cond"):
+                    out, seen = flux_queries(model, inputs)
+            else:
+                out, seen = flux_queries(model, inputs)
+            outs.append(out)
+            queries.append(seen)
+            counts.append(len(matchings) - before)
+        return outs, queries, counts
+
+    both_model = fresh(True, True)
+    both, both_q, both_counts = loop(both_model)
+    again, _, _ = loop(fresh(True, True))
+    cache_only, cache_q, _ = loop(fresh(True, False))
+    tome_only, tome_q, _ = loop(fresh(False, True))
+    # 64 image tokens, 5 text tokens: double blocks see the image, single blocks text + image.
+    assert cache_q == [[64, 64, 69, 69], [64], [64]]  # the cache acts: later calls run the first block only
+    assert both_q == [[32, 32, 37, 37], [32], [32]]  # ... and with the patch that block merges
+    assert tome_q == [[32, 32, 37, 37]] * 3
+    assert both_counts == [4, 1, 1]  # skipped blocks cost no matching
+    assert all(torch.equal(a, b) for a, b in zip(both, again))  # deterministic
+    assert (both[0] - cache_only[0]).abs().max().item() > 1000 * TOL
+    tomesd.remove_patch(both_model)  # the cache alone again
+    both_model._reset_stateful_cache()
+    after, after_q, _ = loop(both_model)
+    assert after_q == cache_q and all(torch.equal(a, b) for a, b in zip(after, cache_only))
+    model = fresh(True, True)
+    model.disable_cache()  # the patch alone again
+    off, off_q, _ = loop(model)
+    assert off_q == tome_q and all(torch.equal(a, b) for a, b in zip(off, tome_only))

@@ -7,11 +7,14 @@ import pickle
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import tiny_torch as T
 import tomesd
-from threads import Overlap, run_in_threads
+from probes import (
+    OpCounter, assert_checkpointing_keeps_loss_and_gradients, assert_loop_compiles_once_and_equals_eager,
+    assert_patch_equals_hooks_by_hand,
+)
+from threads import concurrent_calls
 from tome_core import bipartite_soft_matching_random2d
 from tomesd.adapters import hooks
 
@@ -81,7 +84,7 @@ def test_image_tokens_reduce_in_every_block_and_text_tokens_never(models, kind, 
     assert torch.equal(run(model, inputs), base)  # removed: bit-identical again
 
 
-def hand_merge(model, kind):
+def hand_merge(model, kind, h=8, w=8):
     """Hooks placed by hand: the merge computed from each block's image input (top-left dst, as
     tomesd's function gives it), self-attention's image tokens merged and its image output unmerged."""
     handles, state = [], {}
@@ -89,7 +92,7 @@ def hand_merge(model, kind):
         def enter(m, args, kwargs):
             x = kwargs.get("hidden_states", args[0] if args else None)
             b, n, _ = x.shape
-            state["merge"], state["unmerge"] = bipartite_soft_matching_random2d(x, 8, 8, 2, 2, n // 2, no_rand=True)
+            state["merge"], state["unmerge"] = bipartite_soft_matching_random2d(x, w, h, 2, 2, n // 2, no_rand=True)
 
         def merge_in(m, args, kwargs):
             if "hidden_states" in kwargs:
@@ -113,21 +116,11 @@ def hand_merge(model, kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_merge_equals_the_hosts_own_blocks_with_merges_placed_by_hand(models, kind):
-    model, inputs = models[kind], T.transformer_inputs(kind)
+    gw = 8 if kind == "dit" else 10  # an 8x10 grid (DiT unpatchifies square grids only)
+    model, inputs = models[kind], T.transformer_inputs(kind, h=16, w=2 * gw)
     base = run(model, inputs)
-    handles = hand_merge(model, kind)
-    try:
-        expected = run(model, inputs)
-    finally:
-        for handle in handles:
-            handle.remove()
-    tomesd.apply_patch(model, ratio=0.5, use_rand=False)
-    try:
-        ours = run(model, inputs)
-    finally:
-        tomesd.remove_patch(model)
-    assert (expected - base).abs().max().item() > 1000 * TOL
-    assert (ours - expected).abs().max().item() < TOL
+    handles = hand_merge(model, kind, 8, gw)
+    assert_patch_equals_hooks_by_hand(model, lambda: run(model, inputs), base, handles, TOL, ratio=0.5, use_rand=False)
 
 
 def pooled(x, h, w, factor, method):
@@ -155,18 +148,8 @@ def test_downsample_equals_keys_and_values_from_the_grid_pooled_by_hand(models, 
         else:
             handles.append(block.attn1.register_forward_pre_hook(
                 lambda m, a, k: (a, {**k, "encoder_hidden_states": pooled(a[0], 8, gw, 2, method)}), with_kwargs=True))
-    try:
-        expected = run(model, inputs)
-    finally:
-        for handle in handles:
-            handle.remove()
-    tomesd.apply_patch(model, mode="downsample", downsample_method=method)
-    try:
-        ours = run(model, inputs)
-    finally:
-        tomesd.remove_patch(model)
-    assert (expected - base).abs().max().item() > 1000 * TOL
-    assert (ours - expected).abs().max().item() < TOL
+    assert_patch_equals_hooks_by_hand(model, lambda: run(model, inputs), base, handles, TOL, mode="downsample",
+                                      downsample_method=method)
 
 
 def test_blocks_chooses_which_blocks_reduce(models):
@@ -199,11 +182,16 @@ def test_non_square_and_odd_grids_merge(models, kind, h, w):
     "kind,kwargs,name",
     [("sd3", dict(max_downsample=1), "max_downsample"), ("pixart", dict(max_downsample=2), "max_downsample"),
      ("sd3", dict(blocks=[3]), "blocks"), ("sd3", dict(blocks=[]), "blocks"), ("sd3", dict(blocks=[-1]), "blocks"),
-     ("sd3", dict(blocks="0"), "blocks"), ("unet", dict(blocks=[0]), "blocks")],
+     ("sd3", dict(blocks="0"), "blocks"), ("unet", dict(blocks=[0]), "blocks"),
+     ("sd3-pag", dict(mode="downsample"), "PAG")],
 )
 def test_arguments_transformers_cannot_use_are_refused_before_any_change(models, kind, kwargs, name):
-    model = T.unet() if kind == "unet" else models[kind]
-    with pytest.raises(ValueError, match=rf"^{name}\b"):
+    model = T.unet() if kind == "unet" else T.transformer("sd3") if kind == "sd3-pag" else models[kind]
+    if kind == "sd3-pag":
+        from diffusers.models.attention_processor import PAGJointAttnProcessor2_0
+
+        model.set_attn_processor(PAGJointAttnProcessor2_0())
+    with pytest.raises(ValueError, match=rf"^{name}\b" if name != "PAG" else name):
         tomesd.apply_patch(model, **kwargs)
     assert not any(hooks.PATCH_ATTR in m.__dict__ for m in model.modules())
     assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
@@ -213,37 +201,11 @@ MODES = {"merge": dict(ratio=0.5), "downsample": dict(mode="downsample"),
          "downsample-avg": dict(mode="downsample", downsample_method="avg")}
 
 
-class CountingBackend:
-    def __init__(self):
-        self.graphs = 0
-
-    def __call__(self, gm, example_inputs):
-        self.graphs += any(node.op.startswith("call_") for node in gm.graph.nodes)
-        return gm.forward
-
-
 @pytest.mark.parametrize("mode", sorted(MODES))
 @pytest.mark.parametrize("kind", KINDS)
 def test_denoising_loop_is_one_graph_without_recompiles_and_equals_eager(kind, mode):
-    torch._dynamo.reset()
-    model = T.transformer(kind)
     steps = [T.transformer_inputs(kind, t=t) for t in (999.0, 500.0, 21.0)]
-    plain = [run(model, inputs) for inputs in steps]
-    tomesd.apply_patch(model, **MODES[mode])
-    eager = [run(model, inputs) for inputs in steps]
-    with torch.no_grad():
-        explained = torch._dynamo.explain(model)(**steps[0])
-    assert explained.graph_break_count == 0 and explained.graph_count == 1
-    backend = CountingBackend()
-    compiled = torch.compile(model, fullgraph=True, backend=backend)
-    outs = [run(compiled, steps[0])]
-    with torch._dynamo.config.patch(error_on_recompile=True):
-        outs += [run(compiled, inputs) for inputs in steps[1:]]
-    torch._dynamo.reset()
-    assert backend.graphs == 1
-    for out, ref, base in zip(outs, eager, plain):
-        assert (ref - base).abs().max() > 1e-2  # the mode acts at every step
-        assert torch.equal(out, ref)
+    assert_loop_compiles_once_and_equals_eager(T.transformer(kind), run, steps, **MODES[mode])
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
@@ -286,20 +248,9 @@ def test_concurrent_calls_at_two_resolutions_equal_serial_ones(models):
     tomesd.apply_patch(model, ratio=0.5)
     try:
         expected = [run(model, job) for job in jobs]
-        overlap = Overlap(model)
-
-        def job(i, sync):
-            outs = []
-            for _ in range(3):
-                sync()
-                outs.append(run(model, jobs[i % 2]))
-            return outs
-
-        results = run_in_threads(job)
-        overlap.remove()
+        results = concurrent_calls(model, lambda job: run(model, job), jobs)
     finally:
         tomesd.remove_patch(model)
-    assert overlap.most > 1
     for e, b in zip(expected, base):
         assert (e - b).abs().max().item() > 1000 * TOL
     for i, outs in results.items():
@@ -308,24 +259,8 @@ def test_concurrent_calls_at_two_resolutions_equal_serial_ones(models):
 
 @pytest.mark.parametrize("kind", ["sd3", "sd35", "pixart"])
 def test_gradient_checkpointing_gives_the_same_loss_and_gradients(kind):
-    def loss_and_grads(model):
-        model.zero_grad(set_to_none=True)
-        out = model(**T.transformer_inputs(kind)).sample
-        loss = F.mse_loss(out, torch.randn(out.shape, generator=torch.Generator().manual_seed(0)))
-        loss.backward()
-        return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
-    model = T.transformer(kind).train()
-    base_loss, _ = loss_and_grads(model)
-    tomesd.apply_patch(model, ratio=0.5)
-    loss, grads = loss_and_grads(model)
-    model.enable_gradient_checkpointing()
-    loss_ckpt, grads_ckpt = loss_and_grads(model)
-    assert abs(loss - base_loss) > 1e-3  # ToMe acts in training
-    assert abs(loss - loss_ckpt) < 1e-6 * max(1.0, abs(loss))
-    assert grads.keys() == grads_ckpt.keys() and len(grads) > 10
-    for name in grads:
-        assert (grads[name] - grads_ckpt[name]).abs().max() <= 1e-5 * grads[name].abs().max() + 1e-7, name
+    assert_checkpointing_keeps_loss_and_gradients(lambda: T.transformer(kind), lambda: T.transformer_inputs(kind),
+                                                  dict(ratio=0.5))
 
 
 def test_reuse_steps_and_share_across_blocks_on_sd3(models, monkeypatch):
@@ -397,16 +332,6 @@ def test_sd3_pipeline_patches_its_transformer_and_nothing_else(tmp_path):
     assert (T.run_sd3_pipeline(pipe) == base).all()
 
 
-class OpCounter(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_kernels_added_per_block_are_the_same_on_sd3_as_on_pixart(models, mode):
     """Ops dispatched (each a kernel launch on a GPU) that the patch adds to a forward, per block: SD3's
@@ -419,7 +344,7 @@ def test_kernels_added_per_block_are_the_same_on_sd3_as_on_pixart(models, mode):
         def count():
             with torch.no_grad(), OpCounter() as counter:
                 model(**inputs)
-            return counter.count
+            return counter.total
 
         base = count()
         tomesd.apply_patch(model, **MODES[mode])
@@ -429,3 +354,31 @@ def test_kernels_added_per_block_are_the_same_on_sd3_as_on_pixart(models, mode):
             tomesd.remove_patch(model)
     print(f"{mode}: ops added per block: {added}")
     assert 0 < added["sd3"] == added["pixart"]
+
+
+def test_blocks_count_each_models_own_blocks_when_a_controlnet_has_fewer(tmp_path):
+    from diffusers import SD3ControlNetModel
+
+    controlnet = T.randomize_(SD3ControlNetModel(**dict(T.SD3, num_layers=2, joint_attention_dim=64,
+                                                        pooled_projection_dim=64)), 2)  # 2 blocks; the transformer 3
+    pipe = T.sd3_pipeline(tmp_path, controlnet=controlnet)
+    tomesd.apply_patch(pipe, ratio=0.5, blocks=[2])
+    try:
+        _, seen = probe(pipe.transformer, dict(T.transformer_inputs("sd3"), encoder_hidden_states=torch.randn(2, 5, 64),
+                                               pooled_projections=torch.randn(2, 64)))
+        assert hasattr(pipe.controlnet, hooks.PATCH_ATTR)  # patched, with no block index 2 to reduce
+    finally:
+        tomesd.remove_patch(pipe)
+    assert seen["q"] == [64, 64, 32]
+    with pytest.raises(ValueError, match="^blocks"):
+        tomesd.apply_patch(pipe, ratio=0.5, blocks=[3])
+
+
+def test_downsample_refuses_projections_fused_after_the_patch_at_the_next_call(models):
+    model = T.transformer("sd3")
+    tomesd.apply_patch(model, mode="downsample")
+    model.fuse_qkv_projections()  # to_k / to_v would no longer run: nothing would shrink, silently
+    with pytest.raises(ValueError, match="unfuse_qkv_projections"):
+        run(model, T.transformer_inputs("sd3"))
+    model.unfuse_qkv_projections()
+    tomesd.remove_patch(model)

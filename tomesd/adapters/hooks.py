@@ -1,9 +1,12 @@
 """ToMe installed as forward hooks on each transformer block's sub-layers.
 
-The host library's own block forward runs unchanged. Per root model (a UNet or a ControlNet):
-- a pre-hook on the root reads this call's latent size and timestep;
-- a pre-hook on each BasicTransformerBlock computes the merge from the block's input;
-- pre-hooks on attn1 / attn2 / ff merge their input, post-hooks unmerge their output.
+The host library's own block forward runs unchanged. Per root model (a UNet, a diffusion transformer
+or a ControlNet):
+- a pre-hook on the root reads this call's latent size (or Flux's ids) and timestep, doing no tensor work;
+- a pre-hook on each block of a known kind (kinds.BLOCK_KINDS) records the block's input; the merge is
+  computed from it at the block's first hooked sub-layer (a block a step cache skips costs nothing);
+- pre-hooks on the sub-layers a kind lists merge their image tokens (and gather rotary rows), post-hooks
+  unmerge their image output; spans merge at one sub-layer's output and unmerge at another's.
 
 Rules the per-call path keeps (see the README's "How it runs"):
 - No host reads: the random pattern is keyed by (seed, timestep tensor, block index) with device
@@ -20,9 +23,10 @@ Rules the per-call path keeps (see the README's "How it runs"):
   passed or the grid or batch changes, dropped when a new run starts (the timestep rises) and on
   remove, never copied, and never used while gradients are on (training recomputes every call).
 
-mode="downsample" hooks attn1 only: its pre-hook passes the downsampled tokens as the attention's
-own context argument (`encoder_hidden_states` / `context`), so the host's attention module and
-processor compute keys and values from them, and queries stay full.
+mode="downsample" hooks self-attention only: on attn1 (UNets, PixArt, DiT) its pre-hook passes the
+downsampled tokens as the attention's own context argument (`encoder_hidden_states` / `context`), so
+the host's attention module and processor compute keys and values from them; on SD3's joint attention
+the image key and value projections take the downsampled tokens. Queries stay full.
 """
 from __future__ import annotations
 
@@ -97,8 +101,8 @@ class InputSpec:
 class _Call:
     """What one call of a root computes; dropped when the call returns."""
 
-    __slots__ = ("latent_hw", "grid_hw", "coords", "timestep", "key", "draws", "finest_level", "merges", "shared",
-                 "step")
+    __slots__ = ("latent_hw", "grid_hw", "coords", "ids", "timestep", "key", "draws", "finest_level", "merges",
+                 "pending", "shared", "step")
 
     def __init__(self) -> None:
         self.latent_hw: Optional[Tuple[int, int]] = None
@@ -106,11 +110,13 @@ class _Call:
         # Flux: (ids, N) as the root call gives them, then ((rows, cols), None) once the first block has
         # read each image token's grid coordinates (on the device).
         self.coords: Optional[Tuple[Any, Any]] = None
+        self.ids: Any = None  # Flux: the ids tensor itself, which tells grids of one token count apart
         self.timestep: Any = None
         self.key: Any = None  # computed at the call's first random draw, inside the forward
         self.draws: Dict[int, Any] = {}  # cells per block -> [blocks, cells] dst places
         self.finest_level: Optional[int] = None  # level of the call's first attention block
         self.merges: Dict[int, Plan] = {}
+        self.pending: Dict[int, Tuple[Any, Any, bool]] = {}  # block -> (block, its input, grad mode), until used
         self.shared: Dict[tuple, Any] = {}  # per-level results every block of the call may use
         self.step: int = 0  # denoising step number (reuse_steps > 1), from the timestep's value
 
@@ -125,7 +131,7 @@ class _Reuse:
         self.last_key: Optional[int] = None
         self.last_value: Optional[float] = None
         self.step = 0
-        self.kept: Dict[Any, Tuple[int, tuple, TokenMerge]] = {}  # key -> (step, (batch, h, w), merge)
+        self.kept: Dict[Any, Tuple[int, tuple, TokenMerge, Any]] = {}  # key -> (step, (batch, h, w), merge, ids)
 
 
 class _ThreadCalls(threading.local):
@@ -155,8 +161,9 @@ class ToMePatch:
         self._steps_reused, self._reuses = args.steps_reused, args.reuses
         self.blocks = transformer_blocks(ops, root)
         self.kinds: List[BlockKind] = [block_kind(block) for block in self.blocks]
-        self.patch = patch_size(root)  # None: a UNet (tomesd's level rule picks the blocks) or Flux
         self._ids_name = ids_input(root)  # Flux: the input with each image token's grid coordinates
+        # A patch grid from the latent's sides; None: a UNet (tomesd's level rule picks the blocks) or Flux.
+        self.patch = None if self._ids_name is not None else patch_size(root)
         self._ids_spec = None if self._ids_name is None else InputSpec.find(root, (self._ids_name,), False)
         self._one_grid = self.patch is not None or self._ids_name is not None  # every block sees one grid
         self._latent_spec = InputSpec.find(root, _LATENT, first_positional=True)
@@ -203,11 +210,6 @@ class ToMePatch:
                 f"blocks chooses blocks of a diffusion transformer by index; {name} is a UNet, whose blocks "
                 f"are chosen by max_downsample"
             )
-        if self.args.blocks is not None and self.args.blocks[-1] >= len(self.blocks):
-            raise ValueError(
-                f"blocks {list(self.args.blocks)} is out of range: {name} has {len(self.blocks)} transformer "
-                f"blocks (indices 0 to {len(self.blocks) - 1})"
-            )
         if self.args.mode == "downsample":
             for block, kind in zip(self.blocks, self.kinds):
                 if kind.no_downsample:
@@ -216,7 +218,9 @@ class ToMePatch:
                     attn = getattr(block, way.attention, None)
                     if attn is None:
                         continue
-                    if _fused(attn):
+                    if way.via == "projections":
+                        _check_projections(attn)
+                    elif _fused(attn):
                         raise ValueError(_FUSED_QKV)
                     if way.via == "context" and InputSpec.find(attn, _CONTEXT, first_positional=False) is None:
                         raise ValueError(
@@ -294,9 +298,26 @@ class ToMePatch:
     def _current_merge(self, index: int) -> Plan:
         stack = self._stack()
         if stack:
-            return stack[-1].merges.get(index)
+            call = stack[-1]
+            pending = call.pending.pop(index, None)
+            if pending is not None:  # the block's first hooked sub-layer: match now
+                self._settle(index, call, *pending)
+            return call.merges.get(index)
         # A block running after its root's call: a checkpointed block recomputed in backward.
         return self._replay.get(index) if self.ops.grad_enabled() else None
+
+    def _settle(self, index: int, call: _Call, block: Any, x: Any, grad: bool) -> None:
+        """Block `index`'s merge, from its input `x`; `grad`: gradients were on when the block was entered."""
+        if call.coords is not None:  # the image is the block input's last N tokens (Flux: text may come first)
+            ids, n = call.coords
+            if n is not None:  # the first block: (rows, cols) from the ids rows (_, row, col), on the device
+                ids = ids[0] if len(self.ops.shape(ids)) == 3 else ids
+                call.coords = (self.ops.to_int64(ids[:, 1]), self.ops.to_int64(ids[:, 2])), None
+            x = x[:, self.ops.shape(x)[1] - self.ops.shape(call.coords[0][0])[0]:]
+        merge = self._plan_merge(index, block, x, call, grad)
+        call.merges[index] = merge
+        if merge is not None and grad and not self.ops.is_compiling():
+            self._replay[index] = merge
 
     # ---- hooks ----
     def _enter_root(self, module: Any, args: tuple, kwargs: dict) -> None:
@@ -309,6 +330,7 @@ class ToMePatch:
         shape = ops.shape(latent)
         if self._ids_spec is not None:
             call.coords = self._image_ids(module, args, kwargs, shape)
+            call.ids = call.coords[0]
         elif len(shape) != 4:
             raise ValueError(
                 f"ToMe needs {type(module).__name__}'s '{self._latent_spec.name}' input to be a latent "
@@ -352,18 +374,18 @@ class ToMePatch:
         stack = self._stack()
         if not stack:
             return  # replayed by checkpointing: the sub-layers use the replay record
-        x = self._specs[(index, "")].get(args, kwargs)
+        # Matched lazily, at the block's first hooked sub-layer: a block that a step cache (diffusers'
+        # First Block Cache) skips costs no matching.
         call = stack[-1]
-        if call.coords is not None:  # the image is the block input's last N tokens (Flux: text may come first)
-            ids, n = call.coords
-            if n is not None:  # the first block: (rows, cols) from the ids rows (_, row, col), on the device
-                ids = ids[0] if len(self.ops.shape(ids)) == 3 else ids
-                call.coords = (self.ops.to_int64(ids[:, 1]), self.ops.to_int64(ids[:, 2])), None
-            x = x[:, self.ops.shape(x)[1] - self.ops.shape(call.coords[0][0])[0]:]
-        merge = self._plan_merge(index, module, x, call)
-        stack[-1].merges[index] = merge
-        if merge is not None and self.ops.grad_enabled() and not self.ops.is_compiling():
-            self._replay[index] = merge
+        if self.args.mode == "downsample":
+            for way in self.kinds[index].downsample:
+                attn = getattr(module, way.attention, None)
+                if way.via == "projections" and attn is not None:
+                    _check_projections(attn)  # the processor may have been swapped after apply_patch
+        call.merges.pop(index, None)
+        # The grad mode is taken here: LDM's checkpointing runs the block's body under no_grad inside a
+        # block entered with gradients on, and training (replay kept, nothing reused) is decided by the latter.
+        call.pending[index] = (module, self._specs[(index, "")].get(args, kwargs), self.ops.grad_enabled())
 
     def _denoising_step(self, timestep: Any) -> int:
         """This thread's denoising step number: it advances when the timestep's value changes, so
@@ -386,7 +408,7 @@ class ToMePatch:
             state.step += 1
         return state.step
 
-    def _plan_merge(self, index: int, block: Any, x: Any, call: _Call) -> Plan:
+    def _plan_merge(self, index: int, block: Any, x: Any, call: _Call, grad: bool) -> Plan:
         ops, args = self.ops, self.args
         batch, num_tokens = ops.shape(x)[:2]
         if call.coords is not None:  # Flux: one token list, its grid given by coordinates
@@ -420,15 +442,17 @@ class ToMePatch:
             return call.shared[key]
         # Kept across calls only when steps are reused (share_across_blocks alone lives within a call),
         # and never while training: there each call is a new batch of images.
-        across_calls = self._steps_reused > 1 and not ops.is_compiling() and not ops.grad_enabled()
+        across_calls = self._steps_reused > 1 and not ops.is_compiling() and not grad
         kept = self._threads.reuse.kept if across_calls else {}
         entry = kept.get(key)
         shape = (batch, plan.h, plan.w)
-        if entry is not None and call.step - entry[0] < self._steps_reused and entry[1] == shape:
+        # Flux: grids of one token count differ by their ids; the pipeline passes one ids tensor per run.
+        grid = call.ids
+        if entry is not None and call.step - entry[0] < self._steps_reused and entry[1] == shape and entry[3] is grid:
             merge = entry[2]
         else:
             merge = self._match(index, x, plan, call)
-            kept[key] = (call.step, shape, merge)
+            kept[key] = (call.step, shape, merge, grid)
         call.shared[key] = merge
         return merge
 
@@ -463,7 +487,7 @@ class ToMePatch:
             return None
         if rotary is not None and kwargs.get(rotary) is not None:
             kwargs = {**kwargs, rotary: tuple(merge.gather_rows(rows) for rows in kwargs[rotary])}
-        if name == "attn1" and kwargs.get("attention_mask") is not None:
+        if name == self.kinds[index].self_attention and kwargs.get("attention_mask") is not None:
             raise ValueError(
                 "ToMe cannot merge self-attention that is given an attention_mask (the mask addresses "
                 "unmerged tokens); call apply_patch with merge_attn=False"
@@ -502,15 +526,16 @@ class ToMePatch:
                 f"after loading adapters."
             )
         x = args[0] if args else kwargs["input"]
-        # to_k and to_v project the same tensor: downsample it once.
+        # to_k and to_v project the same tensor: downsample it once. One slot per call, overwritten by
+        # the next attention, so no block's input outlives its attention.
         stack = self._stack()
-        last = stack[-1].shared.get(("projected", index)) if stack else None
+        last = stack[-1].shared.get("projected") if stack else None
         if last is not None and last[0] is x:
             small = last[1]
         else:
             small = down(x)
             if stack:
-                stack[-1].shared[("projected", index)] = (x, small)
+                stack[-1].shared["projected"] = (x, small)
         return ((small,) + args[1:], kwargs) if args else (args, {**kwargs, "input": small})
 
     def _unmerge_output(self, index: int, positions: Tuple[int, ...], module: Any, args: tuple, output: Any) -> Any:
@@ -520,6 +545,8 @@ class ToMePatch:
             return None
         if not positions:
             return merge.unmerge_tail(output)
+        if not isinstance(output, tuple):  # a processor that returns the image tokens alone
+            return merge.unmerge(output)
         return tuple(merge.unmerge(item) if i in positions and item is not None else item
                      for i, item in enumerate(output))
 
@@ -552,6 +579,20 @@ _FUSED_QKV = (
 
 
 _KV_PROJECTIONS = ("to_k", "to_v")
+
+
+def _check_projections(attn: Any) -> None:
+    """Downsampling at to_k / to_v needs a processor that projects the image through them once per call:
+    a fused processor runs to_qkv instead (nothing would shrink), a PAG processor splits the batch and
+    runs a second attention whose mask addresses every token."""
+    if _fused(attn):
+        raise ValueError(_FUSED_QKV)
+    processor = type(getattr(attn, "processor", None)).__name__
+    if "PAG" in processor:
+        raise ValueError(
+            f"mode='downsample' cannot run under {processor} (perturbed-attention guidance splits the batch and "
+            f"masks every token); use mode='merge' or a plain processor"
+        )
 
 
 def _fused(attn: Any) -> bool:

@@ -112,6 +112,15 @@ def plan_patches(obj: Any, args: Any) -> List[ToMePatch]:
         )
     for patch in patches:
         patch.validate()
+    if args.blocks is not None:
+        # Indices count each model's own blocks: a ControlNet (fewer blocks than its transformer) reduces
+        # those it has; an index no model has is refused.
+        deepest = max(patches, key=lambda patch: len(patch.blocks))
+        if args.blocks[-1] >= len(deepest.blocks):
+            raise ValueError(
+                f"blocks {list(args.blocks)} is out of range: {type(deepest.root).__name__} has "
+                f"{len(deepest.blocks)} transformer blocks (indices 0 to {len(deepest.blocks) - 1})"
+            )
     return patches
 
 

@@ -1,0 +1,106 @@
+"""Instruments the torch tests share: a dynamo backend that counts graphs, a dispatch mode that counts
+ops (kernel launches on a GPU), and the checkpointing check every model kind runs."""
+from collections import Counter
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class CountingBackend:
+    """A dynamo backend that counts the graphs with any op it is given, and runs them as traced."""
+
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += any(node.op.startswith("call_") for node in gm.graph.nodes)
+        return gm.forward
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts every op dispatched inside it, by name (`ops`) and in all (`total`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = Counter()
+
+    @property
+    def total(self) -> int:
+        return sum(self.ops.values())
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def assert_checkpointing_keeps_loss_and_gradients(build, inputs, patch_kwargs):
+    """A patched model trains alike with and without gradient checkpointing (the recomputed blocks
+    merge as the forward did), and the patch acts on the loss."""
+
+    def loss_and_grads(model):
+        model.zero_grad(set_to_none=True)
+        out = model(**inputs()).sample
+        loss = F.mse_loss(out, torch.randn(out.shape, generator=torch.Generator().manual_seed(0)))
+        loss.backward()
+        return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    import tomesd
+
+    model = build().train()
+    base_loss, _ = loss_and_grads(model)
+    tomesd.apply_patch(model, **patch_kwargs)
+    loss, grads = loss_and_grads(model)
+    model.enable_gradient_checkpointing()
+    loss_ckpt, grads_ckpt = loss_and_grads(model)
+    assert abs(loss - base_loss) > 1e-3  # ToMe acts in training
+    assert abs(loss - loss_ckpt) < 1e-6 * max(1.0, abs(loss))
+    assert grads.keys() == grads_ckpt.keys() and len(grads) > 10
+    for name in grads:
+        assert (grads[name] - grads_ckpt[name]).abs().max() <= 1e-5 * grads[name].abs().max() + 1e-7, name
+
+
+def assert_patch_equals_hooks_by_hand(model, run, base, handles, tol=1e-5, **patch_kwargs):
+    """The reference is `run()` with hooks placed by hand (`handles`, removed here); the patched model
+    must equal it within `tol`, and the reference must differ from the unpatched `base` by 1000x that."""
+    import tomesd
+
+    try:
+        expected = run()
+    finally:
+        for handle in handles:
+            handle.remove()
+    tomesd.apply_patch(model, **patch_kwargs)
+    try:
+        ours = run()
+    finally:
+        tomesd.remove_patch(model)
+    assert (expected - base).abs().max().item() > 1000 * tol
+    assert (ours - expected).abs().max().item() < tol
+
+
+def assert_loop_compiles_once_and_equals_eager(model, run, steps, **patch_kwargs):
+    """Patched `model` over `steps` (keyword inputs of each call): explain sees one graph and no break,
+    torch.compile(fullgraph=True) traces one graph and never recompiles, and equals eager at every step,
+    where the patch acts."""
+    import tomesd
+
+    torch._dynamo.reset()
+    plain = [run(model, inputs) for inputs in steps]
+    tomesd.apply_patch(model, **patch_kwargs)
+    eager = [run(model, inputs) for inputs in steps]
+    with torch.no_grad():
+        explained = torch._dynamo.explain(model)(**steps[0])
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    backend = CountingBackend()
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
+    try:
+        outs = [run(compiled, steps[0])]
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            outs += [run(compiled, inputs) for inputs in steps[1:]]
+    finally:
+        torch._dynamo.reset()
+    assert backend.graphs == 1
+    for out, ref, base in zip(outs, eager, plain):
+        assert (ref - base).abs().max() > 1e-2  # the patch acts at every step
+        assert torch.equal(out, ref)
