@@ -207,3 +207,18 @@ def test_flux_architecture_packs_its_latent_and_merges_every_block(tmp_path, cap
     # see 512 text + 16 image keys each.
     assert list(rows["tome"]["tokens"].values())[0][1] < list(rows["baseline"]["tokens"].values())[0][0]
     assert rows["tome"]["output_change"] > 0
+
+
+def test_sdxl_architecture_builds_and_passes_its_added_conditions(monkeypatch, capsys):
+    """--arch sdxl at a cut width (the real one takes minutes per forward here): the SDXL layout with its
+    text-and-time conditions runs, and ToMe merges at its default level 2."""
+    from tomesd.bench import configs
+
+    small = dict(configs.SDXL, block_out_channels=(32, 64, 64), transformer_layers_per_block=(1, 1, 1),
+                 attention_head_dim=(2, 4, 4), cross_attention_dim=32, norm_num_groups=8, layers_per_block=1,
+                 addition_time_embed_dim=8, projection_class_embeddings_input_dim=16 + 6 * 8)
+    monkeypatch.setitem(configs.ARCHS, "sdxl", configs.Arch("SDXL UNet", "UNet2DConditionModel", small, 4, 32, 16,
+                                                            extra="sdxl"))
+    assert bench(["--arch", "sdxl", "--res", "128", "--repeats", "1", "--ratios", "0.5", "--no-memory"]) == 0
+    printed = capsys.readouterr().out
+    assert "SDXL UNet at 128x128" in printed and "L2: " in printed

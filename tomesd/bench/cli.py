@@ -9,15 +9,15 @@ from typing import List, Optional
 
 from .configs import ARCHS
 
-ARCH_NAMES = {"sd1": "sd15", "sd3": "sd3", "pixart": "pixart", "flux": "flux"}
+ARCH_NAMES = {"sd1": "sd15", "sdxl": "sdxl", "sd3": "sd3", "pixart": "pixart", "flux": "flux"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=["torch", "paddle"], default="torch")
     parser.add_argument("--arch", choices=sorted(ARCH_NAMES), default=None,
-                        help="architecture at real width, random weights: sd1 (SD1.5 UNet, the default), sd3 "
-                             "(SD3-medium transformer), pixart (PixArt-alpha 1024), flux (Flux.1-dev); same as "
-                             "--config sd15/sd3/pixart/flux")
+                        help="architecture at real width, random weights: sd1 (SD1.5 UNet, the default), sdxl "
+                             "(SDXL UNet), sd3 (SD3-medium transformer), pixart (PixArt-alpha 1024), flux "
+                             "(Flux.1-dev); same as --config sd15/sdxl/sd3/pixart/flux")
     parser.add_argument("--depth", type=int, default=None,
                         help="transformers: build only this many blocks (default: all; SD3-medium 24, PixArt 28, "
                              "Flux 19 double-stream, with twice as many single-stream)")

@@ -9,6 +9,17 @@ SD15 = dict(
     cross_attention_dim=768, attention_head_dim=8, norm_num_groups=32,
 )
 
+# SDXL's UNet (base 1.0): no attention at full resolution, 2 and 10 transformer blocks per attention
+# at levels 2 and 4, text-and-time added conditions.
+SDXL = dict(
+    sample_size=128, in_channels=4, out_channels=4, layers_per_block=2, block_out_channels=(320, 640, 1280),
+    down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+    up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+    transformer_layers_per_block=(1, 2, 10), attention_head_dim=(5, 10, 20), cross_attention_dim=2048,
+    use_linear_projection=True, addition_embed_type="text_time", addition_time_embed_dim=256,
+    projection_class_embeddings_input_dim=2816, norm_num_groups=32,
+)
+
 # SD-shaped and small enough for tests of the command's plumbing.
 TINY = dict(
     sample_size=16, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(32, 64),
@@ -74,6 +85,7 @@ class Arch:
 
 ARCHS = {
     "sd15": Arch("SD1.5 UNet", "UNet2DConditionModel", SD15, 4, 768),
+    "sdxl": Arch("SDXL UNet", "UNet2DConditionModel", SDXL, 4, 2048, 1280, extra="sdxl"),
     "tiny": Arch("tiny UNet", "UNet2DConditionModel", TINY, 4, 32),
     "sd3": Arch("SD3-medium transformer", "SD3Transformer2DModel", SD3_MEDIUM, 16, 4096, 2048, "num_layers"),
     "pixart": Arch("PixArt-alpha transformer", "PixArtTransformer2DModel", PIXART_ALPHA, 4, 4096, 0, "num_layers",

@@ -114,7 +114,10 @@ class TorchKit(_Kit):
         else:
             x = cast(torch.randn(batch, arch.latent_channels, latent, latent, generator=gen))
             c = cast(torch.randn(batch, TEXT_TOKENS, arch.text_dim, generator=gen))
-        if arch.pooled_dim:
+        if arch.extra == "sdxl":  # pooled text and the six size/crop numbers, as SDXL pipelines pass them
+            extra["added_cond_kwargs"] = {"text_embeds": cast(torch.randn(batch, arch.pooled_dim, generator=gen)),
+                                          "time_ids": cast(torch.tensor([[res, res, 0, 0, res, res]] * batch))}
+        elif arch.pooled_dim:
             extra["pooled_projections"] = cast(torch.randn(batch, arch.pooled_dim, generator=gen))
         if arch.extra == "pixart":
             extra["added_cond_kwargs"] = {"resolution": cast(torch.tensor([[res, res]] * batch)),
@@ -227,8 +230,9 @@ class PaddleKit(_Kit):
     def build(self, config: str, seed: int, depth: Optional[int] = None) -> Any:
         from ppdiffusers import UNet2DConditionModel
 
-        if ARCHS[config].transformer:
-            raise MissingBackend(f"--arch {config} runs on torch only for now; the paddle benchmark builds UNets")
+        if config not in CONFIGS:
+            raise MissingBackend(f"--arch {config} runs on torch only for now; the paddle benchmark builds the "
+                                 f"SD1.5 UNet (and the tiny one)")
 
         self.paddle.seed(seed)
         model = UNet2DConditionModel(**CONFIGS[config])
@@ -305,8 +309,8 @@ class _Compiled:
 def _call_model(model: Any, x: Any, t: Any, c: Any, extra: Dict[str, Any]) -> Any:
     """One denoiser call: a UNet takes (sample, timestep, text); a transformer takes keywords and a
     timestep per sample."""
-    if not extra and "UNet" in type(model).__name__:
-        return model(x, t, c).sample
+    if "UNet" in type(model).__name__:
+        return model(x, t, c, **extra).sample
     return model(hidden_states=x, timestep=t.expand(x.shape[0]), encoder_hidden_states=c, **extra).sample
 
 
