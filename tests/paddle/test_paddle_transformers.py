@@ -90,3 +90,26 @@ def test_paddle_refuses_max_downsample_on_a_transformer_and_the_fused_inference_
     finally:
         paddle_model.inference_optimize = False
     assert not hasattr(paddle_model, PATCH_ATTR)
+
+
+@pytest.mark.parametrize("h,w", [(6, 10), (7, 9)])
+def test_flux_matching_on_coordinates_is_the_same_on_paddle(h, w):
+    """ppdiffusers has no Flux, but the core's one-matching-per-batch merge on grid coordinates is
+    framework-free: on paddle tensors it merges the same tokens, with the same representatives and rows."""
+    from tome_core import compute_shared_merge, get_backend, rng
+
+    ids = T.flux_inputs(h=h, w=w)["img_ids"]
+    metric = torch.randn(3, h * w, 8, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(3, h * w, 5, generator=torch.Generator().manual_seed(1))
+    table = torch.arange(7 + h * w, dtype=torch.float32).reshape(-1, 1)
+    results = {}
+    for name, conv in (("torch", lambda a: a), ("paddle", lambda a: paddle.to_tensor(a.numpy()))):
+        rows, cols = conv(ids[:, 1].long()), conv(ids[:, 2].long())
+        xp = get_backend(rows)
+        offsets = rng.randint(xp, rows, [h * w // 4], 4, rng.call_key(xp, 0, None))
+        merge = compute_shared_merge(xp, conv(metric), rows, cols, 2, 2, h * w // 2, offsets)
+        results[name] = [np.asarray(t) for t in (merge.unmerge(merge.merge(conv(x))), merge.representatives,
+                                                   merge.gather_rows(conv(table)))]
+    assert np.abs(results["torch"][0] - x.numpy()).max() > 1e-1  # the merge acts
+    for ours, theirs in zip(results["torch"], results["paddle"]):
+        assert np.abs(ours - theirs).max() < 1e-6
