@@ -49,8 +49,10 @@ def apply_patch(
       same weights and inputs give the same outputs in any process, on torch and paddle alike;
       the global RNG is never read.
       reuse_steps (1): compute each block's matching at one denoising step and reuse it for the next
-      reuse_steps - 1 steps. A step is a distinct timestep value (read on the host once per call),
-      so several calls in one step share it; a new batch or token count recomputes. Eager only.
+      reuse_steps - 1 steps; a new batch or token count recomputes. On a pipeline, its scheduler's
+      loop counts the steps (no tensor read; compiles as two graphs). On a bare model a step is a
+      distinct timestep value, read on the host once per call, eager only. Either way several
+      calls in one step share it.
       share_across_blocks (False): within a call, the first merging block of each level matches and
       the later blocks of that level reuse its matching.
     mode="downsample": token downsampling (ToDo). Self-attention takes its keys and values from the

@@ -77,3 +77,38 @@ def test_denoisers_held_in_a_plain_list_are_patched(tmp_path):
     _, models = holder.remove_tome(only_return_self=False)
     assert all(PATCH_ATTR not in vars(m) for model in nets + [pipe.unet] for _, m in model.named_sublayers(include_self=True))
     assert set(map(id, models)) == set(map(id, nets + [pipe.unet]))
+
+
+def test_reuse_steps_on_a_pipeline_takes_steps_from_its_loop_and_reads_no_tensor(tmp_path, monkeypatch):
+    """pipe.apply_tome(reuse_steps=2): the scheduler's loop counts the steps (no tensor value read on
+    the host), giving the images the timestep rule gives when the UNet and ControlNet are patched bare."""
+    from tomesd.backends.paddle import PaddleBackend
+
+    pipe = P.controlnet_pipeline(tmp_path, 1)
+
+    def run():
+        paddle.seed(3)
+        image = paddle.rand([1, 3, 32, 32])
+        return pipe("a tiny test", image=image, num_inference_steps=4, height=32, width=32, output_type="np",
+                    generator=paddle.Generator().manual_seed(0)).images
+
+    pipe.apply_tome(ratio=0.5)
+    exact = run()
+    pipe.remove_tome()
+    for model in (pipe.unet, pipe.controlnet):
+        model.apply_tome(ratio=0.5, reuse_steps=2)  # bare models: a step is a new timestep value
+    by_timestep = run()
+    for model in (pipe.unet, pipe.controlnet):
+        model.remove_tome()
+    pipe.apply_tome(ratio=0.5, reuse_steps=2)
+
+    def refuse(self, x):
+        raise AssertionError("a tensor value was read on the host")
+
+    with monkeypatch.context() as m:
+        m.setattr(PaddleBackend, "host_float", refuse)
+        clocked = run()
+    assert np.abs(clocked - exact).max() > 1e-3  # steps 1 and 3 reuse
+    np.testing.assert_array_equal(clocked, by_timestep)
+    pipe.remove_tome()
+    assert not {"step", "set_timesteps"} & set(vars(pipe.scheduler))

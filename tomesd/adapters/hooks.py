@@ -18,10 +18,13 @@ Rules the per-call path keeps (see the README's "How it runs"):
   is kept so the recompute merges exactly as the forward did.
 - Hooks are bound methods of the patch (on paddle wrapped in a plain object the backend registers),
   so patched models deepcopy and pickle, and a copy's patch owns the copy's hooks.
-- Matches reused across denoising steps (reuse_steps > 1) are the one state that outlives a call:
-  owned by the patch, per thread (one thread runs one denoising loop); replaced once k steps have
-  passed or the grid or batch changes, dropped when a new run starts (the timestep rises) and on
-  remove, never copied, and never used while gradients are on (training recomputes every call).
+- Matches reused across denoising steps (reuse_steps > 1) are the one state that outlives a call.
+  On a patched pipeline its loop counts the steps on the host (clock.StepClock, which owns the kept
+  matches): no tensor is read, and a compiled denoiser sees one graph per kind of step. On a bare
+  model a step is a new timestep value (read on the host, eager only), and the matches are owned by
+  the patch, per thread (one thread runs one denoising loop). Either way they are replaced once k
+  steps have passed or the grid or batch changes, dropped when a new run starts and on remove,
+  never copied, and never used while gradients are on (training recomputes every call).
 
 mode="downsample" hooks self-attention only: on attn1 (UNets, PixArt, DiT) its pre-hook passes the
 downsampled tokens as the attention's own context argument (`encoder_hidden_states` / `context`), so
@@ -159,6 +162,8 @@ class ToMePatch:
         # Plain values for the per-call path: paddle's SOT translator crashed (segfault) simulating
         # ToMeArgs' properties inside a to_static'd forward.
         self._steps_reused, self._reuses = args.steps_reused, args.reuses
+        self.clock: Any = None  # a clock.StepClock when a pipeline was patched with reuse_steps > 1
+        self.slot = 0  # this denoiser's place among its pipeline's (the clock's keys)
         self.blocks = transformer_blocks(ops, root)
         self.kinds: List[BlockKind] = [block_kind(block) for block in self.blocks]
         self._ids_name = ids_input(root)  # Flux: the input with each image token's grid coordinates
@@ -288,6 +293,7 @@ class ToMePatch:
         self._specs.clear()
         self._replay.clear()
         self._threads = _ThreadCalls()  # drops kept matches of this thread and, with it, of all threads
+        self.clock = None  # the pipeline's clock (targets.remove detaches it from the scheduler)
         if self.root.__dict__.get(PATCH_ATTR) is self:
             delattr(self.root, PATCH_ATTR)
 
@@ -343,7 +349,10 @@ class ToMePatch:
         if self._timestep_spec is not None:
             call.timestep = self._timestep_spec.get(args, kwargs)
         if self._steps_reused > 1 and not ops.grad_enabled():  # training never reuses (see _plan_merge)
-            call.step = self._denoising_step(call.timestep)
+            if self.clock is None:
+                call.step = self._denoising_step(call.timestep)
+            elif not ops.is_compiling():
+                self.clock.follow()
         if self._replay and not ops.grad_enabled() and not ops.is_compiling():
             self._replay.clear()  # inference after training: nothing left to recompute
 
@@ -442,10 +451,21 @@ class ToMePatch:
             return call.shared[key]
         # Kept across calls only when steps are reused (share_across_blocks alone lives within a call),
         # and never while training: there each call is a new batch of images.
+        shape = (batch, plan.h, plan.w)
+        clock = self.clock
+        if clock is not None and self._steps_reused > 1 and not grad:
+            # The pipeline's loop says which step this is; the clock drops its matches as a window starts.
+            entry = clock.kept.get((self.slot, key))
+            if entry is not None and not clock.fresh and entry[0] == shape:
+                merge = entry[1]
+            else:
+                merge = self._match(index, x, plan, call)
+                clock.kept[(self.slot, key)] = (shape, merge)
+            call.shared[key] = merge
+            return merge
         across_calls = self._steps_reused > 1 and not ops.is_compiling() and not grad
         kept = self._threads.reuse.kept if across_calls else {}
         entry = kept.get(key)
-        shape = (batch, plan.h, plan.w)
         # Flux: grids of one token count differ by their ids; the pipeline passes one ids tensor per run.
         grid = call.ids
         if entry is not None and call.step - entry[0] < self._steps_reused and entry[1] == shape and entry[3] is grid:

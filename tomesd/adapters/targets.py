@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, List, Tuple
 
+from .clock import StepClock, clockable
 from .frameworks import class_names, framework_of, module_ops
 from .hooks import KNOWN_BLOCKS, PATCH_ATTR, ToMePatch, transformer_blocks
 
@@ -139,13 +140,20 @@ def installed_patches(obj: Any) -> List[ToMePatch]:
 def apply(obj: Any, args: Any) -> Tuple[Any, List[Any]]:
     """Patch every denoiser of `obj` (replacing an earlier patch); returns (obj, patched models)."""
     patches = plan_patches(obj, args)
-    if args.steps_reused > 1 and _compiled(obj):
+    # A pipeline counts its denoising steps on the host; a bare model only by its timestep's value.
+    clocked = args.steps_reused > 1 and "DiffusionPipeline" in class_names(obj) and clockable(obj)
+    if args.steps_reused > 1 and not clocked and _compiled(obj):
         raise ValueError(
-            "reuse_steps > 1 cannot run in a torch.compile'd model: telling a new denoising step from the "
-            "same one reads the timestep on the host. Patch the uncompiled model, or use reuse_steps=1 or "
-            "mode='downsample'."
+            "reuse_steps > 1 cannot run in a torch.compile'd bare model: telling a new denoising step from "
+            "the same one reads the timestep on the host. Patch the pipeline (its scheduler counts the "
+            "steps), or use reuse_steps=1 or mode='downsample'."
         )
     remove(obj)
+    if clocked:
+        clock = StepClock(obj, args.steps_reused)
+        clock.attach()
+        for slot, patch in enumerate(patches):
+            patch.clock, patch.slot = clock, slot
     for patch in patches:
         patch.install()
     _after_change(obj, [patch.root for patch in patches])
@@ -156,6 +164,8 @@ def remove(obj: Any) -> Tuple[Any, List[Any]]:
     """Remove every ToMe patch inside `obj`; returns (obj, models that were unpatched)."""
     patches = installed_patches(obj)
     for patch in patches:
+        if patch.clock is not None:
+            patch.clock.detach()
         patch.remove()
     _after_change(obj, [patch.root for patch in patches])
     return obj, [patch.root for patch in patches]

@@ -1,0 +1,110 @@
+"""The denoising step as a patched pipeline's own loop counts it, for `reuse_steps > 1`.
+
+A bare model can tell one denoising step from the next only by its timestep's value, which is a
+host read (a device sync on a GPU, and no graph a compiler can trace). A pipeline knows on the host:
+its loop calls `scheduler.set_timesteps` once per run and `scheduler.step` once per step, after
+every denoiser call of that step (both guidance halves, the ControlNets). So when `apply_patch` gets
+a pipeline, a `StepClock` wraps those two methods on the pipeline's scheduler instance (reversibly:
+`remove_patch` restores them) and the patches of its denoisers ask the clock instead of the timestep.
+
+The clock is the one owner of the matches kept across steps, for every denoiser of its pipeline: it
+keeps them for one window of `reuse_steps` steps and drops them when a window or a run starts, so the
+per-call path only reads two host values, `fresh` (this step matches anew) and the kept entries; a
+compiled denoiser therefore sees two graphs, a matching step and a reusing one, and never recompiles
+after. One pipeline object runs one loop at a time (its scheduler's own state allows no more), and so
+does its clock; a copy of the pipeline gets a clock of its own with nothing kept.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+_WRAPPED = ("set_timesteps", "step")
+
+
+def clockable(obj: Any) -> bool:
+    """Whether `obj` is a pipeline whose scheduler has the loop methods the clock follows."""
+    scheduler = getattr(obj, "scheduler", None)
+    return scheduler is not None and all(callable(getattr(scheduler, name, None)) for name in _WRAPPED)
+
+
+class StepClock:
+    """Counts one pipeline's denoising steps on the host and owns the matches reused across them."""
+
+    def __init__(self, pipeline: Any, steps_reused: int) -> None:
+        self.pipeline = pipeline
+        self.steps_reused = steps_reused
+        self.scheduler: Any = None
+        self._saved: Dict[str, Any] = {}  # the scheduler's own instance attributes we shadowed
+        self._reset()
+
+    def _reset(self) -> None:
+        self.count = 0  # steps done in this run
+        self.fresh = True  # this step's calls match anew (the first of a window of steps_reused)
+        self.kept: Dict[Any, Any] = {}  # (denoiser slot, block or level) -> ((batch, h, w), TokenMerge)
+
+    # ---- the scheduler's loop methods ----
+    def _set_timesteps(self, *args: Any, **kwargs: Any) -> Any:
+        self._reset()  # a new run
+        return self._call("set_timesteps", args, kwargs)
+
+    def _step(self, *args: Any, **kwargs: Any) -> Any:
+        out = self._call("step", args, kwargs)
+        self.count += 1
+        self.fresh = self.count % self.steps_reused == 0
+        if self.fresh:
+            # Dropped on the host as a window starts, so a matching step always finds none kept
+            # (one compiled graph for it, whatever the step).
+            self.kept.clear()
+        return out
+
+    def _call(self, name: str, args: tuple, kwargs: dict) -> Any:
+        own = self._saved.get(name)
+        if own is not None:  # the instance's own override (another wrapper) still runs
+            return own(*args, **kwargs)
+        return getattr(type(self.scheduler), name)(self.scheduler, *args, **kwargs)
+
+    # ---- lifecycle ----
+    def attach(self) -> None:
+        scheduler = self.pipeline.scheduler
+        self.scheduler = scheduler
+        self._saved = {name: scheduler.__dict__[name] for name in _WRAPPED if name in scheduler.__dict__}
+        scheduler.step = self._step
+        scheduler.set_timesteps = self._set_timesteps
+        self._reset()
+
+    def detach(self) -> None:
+        scheduler, self.scheduler = self.scheduler, None
+        if scheduler is None:
+            return
+        for name in _WRAPPED:
+            if getattr(scheduler.__dict__.get(name), "__self__", None) is self:
+                del scheduler.__dict__[name]
+            if name in self._saved:
+                scheduler.__dict__[name] = self._saved[name]
+        self._saved = {}
+        self._reset()
+
+    def follow(self) -> None:
+        """Called (eagerly) at each denoiser call: a scheduler swapped in after apply_patch
+        (`pipe.scheduler = OtherScheduler.from_config(...)`) is followed from its next run on."""
+        if self.pipeline.scheduler is not self.scheduler:
+            self.detach()
+            self.attach()
+
+    # ---- copies keep nothing ----
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        for name in ("count", "fresh", "kept"):
+            state.pop(name)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+
+def find_clock(patches: Any) -> Optional[StepClock]:
+    for patch in patches:
+        if patch.clock is not None:
+            return patch.clock
+    return None
