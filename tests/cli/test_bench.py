@@ -222,3 +222,52 @@ def test_sdxl_architecture_builds_and_passes_its_added_conditions(monkeypatch, c
     assert bench(["--arch", "sdxl", "--res", "128", "--repeats", "1", "--ratios", "0.5", "--no-memory"]) == 0
     printed = capsys.readouterr().out
     assert "SDXL UNet at 128x128" in printed and "L2: " in printed
+
+
+@pytest.mark.parametrize("config,cache", [("tiny-sd3", "taylorseer"), ("tiny-flux", "fbc")])
+def test_a_step_cache_runs_alone_and_under_each_setting(tmp_path, capsys, config, cache, monkeypatch):
+    """--cache adds the cache alone and stacked under each of our settings, each compared with the plain
+    baseline over the whole loop; the cache acts (it skips work and moves the outputs)."""
+    import diffusers.hooks as dh
+
+    applied = []
+    real = getattr(dh, {"taylorseer": "apply_taylorseer_cache", "fbc": "apply_first_block_cache"}[cache])
+    monkeypatch.setattr(dh, real.__name__, lambda model, cfg: applied.append(cfg) or real(model, cfg))
+    if cache == "fbc":  # random weights: make the first block's residual always "close enough" to skip
+        import dataclasses
+
+        from diffusers.hooks import FirstBlockCacheConfig
+        from tomesd.bench import caches
+
+        loose = dataclasses.replace(caches.CACHES["fbc"], config=lambda: FirstBlockCacheConfig(threshold=10.0))
+        monkeypatch.setitem(caches.CACHES, "fbc", loose)
+    out_json = tmp_path / "r.json"
+    argv = ["--config", config, "--res", "64", "--repeats", "1", "--warmup", "0", "--ratios", "0.5", "--modes",
+            "merge,downsample" if config == "tiny-sd3" else "merge", "--steps", "8", "--cache", cache,
+            "--no-memory", "--json", str(out_json)]
+    assert bench(argv) == 0
+    printed = capsys.readouterr().out
+    assert f"| {cache} alone |" in printed and f"| ToMe (ours) r=0.5 + {cache} |" in printed
+    rows = {(r["method"], r["mode"], r["cache"]): r for r in json.loads(out_json.read_text())["results"]}
+    ours = [k for k in rows if k[0] == "tome" and k[2] is None]
+    assert set(rows) == {("baseline", "merge", None), ("baseline", "merge", cache)} | set(ours) | {
+        (m, mode, cache) for m, mode, _ in ours}
+    assert len(applied) == 2 * (len(ours) + 1)  # a fresh cache for each timed loop and for the final eager pass
+    alone = rows[("baseline", "merge", cache)]
+    assert rows[("baseline", "merge", None)]["loop_change"] == 0 and alone["loop_change"] > 1e-4  # the cache acts
+    for m, mode, _ in ours:  # stacked: both act, each measured against the plain baseline
+        both, tome = rows[(m, mode, cache)], rows[(m, mode, None)]
+        assert both["loop_change"] > 1e-4 and abs(both["loop_change"] - tome["loop_change"]) > 1e-5
+        assert list(both["tokens"].values()) and all(a < b for b, a in both["tokens"].values())
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--config", "tiny-sd3", "--cache", "fbc", "--steps", "4"], "fails on SD3Transformer2DModel in diffusers itself"),
+    (["--config", "tiny", "--cache", "fbc", "--steps", "4"], "fails on UNet2DConditionModel"),
+    (["--config", "tiny-sd3", "--cache", "taylorseer"], "--steps N"),
+    (["--config", "tiny-sd3", "--cache", "taylorseer", "--steps", "4", "--compile"], "drop --compile"),
+    (["--config", "tiny", "--backend", "paddle", "--cache", "taylorseer", "--steps", "4"], "torch only"),
+])
+def test_cache_options_are_checked_before_any_work(argv, message, capsys):
+    assert bench(argv) == 2
+    assert message in capsys.readouterr().err

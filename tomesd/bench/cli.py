@@ -7,6 +7,7 @@ import os
 import sys
 from typing import List, Optional
 
+from . import caches
 from .configs import ARCHS
 
 ARCH_NAMES = {"sd1": "sd15", "sdxl": "sdxl", "sd3": "sd3", "pixart": "pixart", "flux": "flux"}
@@ -51,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="time a loop of N UNet calls over distinct timesteps per configuration (default 1); "
                              "with --model: denoising steps (default 20)")
     parser.add_argument("--grid", metavar="PATH", default="bench-out/grid.png", help="image grid written with --model")
+    parser.add_argument("--cache", choices=["fbc", "taylorseer"], default=None,
+                        help="with --steps: also run diffusers' step cache (First Block Cache or TaylorSeer) alone "
+                             "and under each ToMe setting (torch)")
     parser.add_argument("--compile", action="store_true",
                         help="torch only: time a torch.compile'd UNet per configuration (first call reported apart)")
     parser.add_argument("--compile-backend", metavar="NAME", default=None,
@@ -170,6 +174,9 @@ def run(args: argparse.Namespace) -> int:
         if args.arch is not None:
             args.config = ARCH_NAMES[args.arch]
         arch = ARCHS[args.config]
+        if args.cache is not None and args.model is not None:
+            raise ValueError("--cache goes with the loop bench (--steps), not --model")
+        caches.check(args.cache, arch.cls, args.backend, args.compile, args.steps or 1)
         if args.depth is not None and not (arch.transformer and 1 <= args.depth <= arch.full_depth):
             raise ValueError(f"--depth cuts a transformer's blocks (1 to {arch.full_depth})" if arch.transformer
                              else f"--depth is for transformers; {arch.name} is a UNet")
@@ -185,6 +192,7 @@ def run(args: argparse.Namespace) -> int:
             compile=args.compile, compile_backend=args.compile_backend or "inductor",
             modes=tuple(modes), reuse_steps=tuple(reuse), downsample_factor=args.downsample_factor,
             downsample_method=args.downsample_method, steps=1 if args.model is not None else (args.steps or 1),
+            cache=args.cache,
         )
         kit = make_kit(settings.backend, settings.device, settings.dtype)
         if settings.compile and settings.compile_backend not in kit.compile_backends():
@@ -245,6 +253,9 @@ def run(args: argparse.Namespace) -> int:
               "from one eager forward of each copy; ToMe's own time is not separable inside a compiled graph")
     if cpu_memory:
         print("peak memory: peak RSS of one forward in a fresh process (model weights included)")
+    if settings.cache:
+        print(f"{settings.cache}: diffusers' {caches.CACHES[settings.cache].title}, fresh for each timed loop; "
+              f"output change is that of the loop's last call")
     if pipeline is not None:
         print(f"\npipeline {pipeline['model']} ({pipeline['steps']} steps, {pipeline['dtype']} on {pipeline['device']}, "
               f"after a {pipeline['warmup_steps']}-step warm-up each): image grid {pipeline['grid']}")

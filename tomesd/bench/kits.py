@@ -25,14 +25,18 @@ class _Kit:
         """The model under one configuration (runner.Config) for the length of the block."""
         import tomesd
 
+        from .caches import enabled
+
         if config.method == "baseline":
-            yield
-        elif config.method == "tome":
-            tomesd.apply_patch(model, **config.patch_kwargs(settings))
-            try:
+            with enabled(model, config.cache):
                 yield
-            finally:
-                tomesd.remove_patch(model)
+        elif config.method == "tome":
+            with enabled(model, config.cache):  # the cache first, the patch's hooks inside it
+                tomesd.apply_patch(model, **config.patch_kwargs(settings))
+                try:
+                    yield
+                finally:
+                    tomesd.remove_patch(model)
         else:
             # The references have no "finest attention level" default: theirs is 1.
             with self.reference(model, config.ratio, settings.max_downsample or 1):

@@ -19,22 +19,27 @@ def _pct(x: Optional[float]) -> str:
 
 
 def label(row: Any, reference_name: str) -> str:
+    cache = getattr(row, "cache", None)
     if row.method == "baseline":
-        return "baseline"
+        return "baseline" if cache is None else f"{cache} alone"
     if row.method == "reference":
         return f"{reference_name} r={row.ratio:g}"
     if row.mode == "downsample":
-        return "downsample (ours)"
-    return f"ToMe (ours) r={row.ratio:g}" + (f" reuse {row.reuse_steps}" if row.reuse_steps > 1 else "")
+        name = "downsample (ours)"
+    else:
+        name = f"ToMe (ours) r={row.ratio:g}" + (f" reuse {row.reuse_steps}" if row.reuse_steps > 1 else "")
+    return name if cache is None else f"{name} + {cache}"
 
 
 def table(rows: List[Any], reference_name: str) -> str:
     compiled = any(getattr(row, "compile_s", None) is not None for row in rows)
+    looped = any(getattr(row, "loop_change", None) is not None for row in rows)
     head = ("| configuration | time per UNet call (s) | speed-up | peak memory (MiB) | memory saved | "
-            "ToMe's own time | output change | self-attn keys per level (without -> with) |")
+            "ToMe's own time | output change |" + (" mean change over the loop |" if looped else "")
+            + " self-attn keys per level (without -> with) |")
     if compiled:
         head += " first call, compiling (s) |"
-    lines = [head, "|" + "---|" * (9 if compiled else 8)]
+    lines = [head, "|" + "---|" * (8 + compiled + looped)]
     for row in rows:
         tokens = ", ".join(
             f"L{level}: {before}->{after}" for level, (before, after) in sorted(row.tokens.items(), key=lambda kv: int(kv[0]))
@@ -44,7 +49,8 @@ def table(rows: List[Any], reference_name: str) -> str:
         own = "-" if row.tome_fraction is None else f"{row.tome_fraction:.1%} of the UNet"
         line = (
             f"| {label(row, reference_name)} | {row.time_s:.3f} | {row.speedup:.2f}x | {_mib(row.peak_mem_bytes)} | "
-            f"{saved} | {own} | {row.output_change:.3f} | {tokens} |"
+            f"{saved} | {own} | {row.output_change:.3f} |"
+            + (f" {row.loop_change:.3f} |" if looped else "") + f" {tokens} |"
         )
         if compiled:
             line += " - |" if row.compile_s is None else f" {row.compile_s:.2f} |"

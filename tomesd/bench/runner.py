@@ -9,7 +9,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from .kits import make_kit, timed
@@ -38,6 +38,7 @@ class Settings:
     downsample_factor: int = 2
     downsample_method: str = "nearest"
     steps: int = 1  # UNet calls per timed run, over distinct timesteps (a denoising loop)
+    cache: Optional[str] = None  # diffusers' step cache run beside ToMe (caches.CACHES), with --steps
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class Config:
     ratio: Optional[float] = None
     mode: str = "merge"
     reuse_steps: int = 1
+    cache: Optional[str] = None  # a diffusers step cache under the configuration (caches.CACHES)
 
     def patch_kwargs(self, settings: "Settings") -> Dict[str, Any]:
         """tomesd.apply_patch's arguments for this configuration (method "tome")."""
@@ -64,6 +66,7 @@ class Row:
     ratio: Optional[float]
     mode: str = "merge"
     reuse_steps: int = 1
+    cache: Optional[str] = None
     times_s: List[float] = field(default_factory=list)
     time_s: float = math.nan
     speedup: float = math.nan
@@ -71,7 +74,8 @@ class Row:
     mem_reduction: Optional[float] = None
     tome_time_s: Optional[float] = 0.0  # None with --compile: ToMe's functions run inside the compiled graph
     tome_fraction: Optional[float] = 0.0
-    output_change: float = 0.0
+    output_change: float = 0.0  # relative to the baseline's output, at the loop's last call
+    loop_change: Optional[float] = None  # with --steps N > 1: the same, averaged over the loop's calls
     tokens: Dict[str, List[int]] = field(default_factory=dict)  # level -> [before, after]
     compile_s: Optional[float] = None  # with --compile: the first call (compilation included)
     compiled_vs_eager: Optional[float] = None  # with --compile: relative difference of the compiled output
@@ -85,6 +89,8 @@ def configurations(settings: Settings) -> List[Config]:
         configs.append(Config("tome", None, "downsample"))
     if settings.compare:
         configs += [Config("reference", ratio) for ratio in settings.ratios]
+    if settings.cache:  # the cache alone, and stacked under each of our settings
+        configs += [replace(c, cache=settings.cache) for c in configs if c.method != "reference"]
     return configs
 
 
@@ -141,12 +147,15 @@ def run_unet(settings: Settings, progress: Callable[[int], None] = lambda n: Non
 def _measure(settings: Settings, kit: Any, model: Any, loop: List[Tuple[Any, ...]], configs: List[Config],
              progress: Callable[[int], None], notes: Optional[List[str]] = None) -> List[Row]:
     """`loop`: the inputs of the UNet calls timed as one run (one call, or a denoising loop)."""
-    rows = {cfg: Row(method=cfg.method, ratio=cfg.ratio, mode=cfg.mode, reuse_steps=cfg.reuse_steps) for cfg in configs}
+    rows = {cfg: Row(method=cfg.method, ratio=cfg.ratio, mode=cfg.mode, reuse_steps=cfg.reuse_steps, cache=cfg.cache)
+            for cfg in configs}
     inputs = loop[0]
 
-    def run_loop(model: Any) -> Any:
+    def run_loop(model: Any, outs: Optional[List[Any]] = None) -> Any:
         for step_inputs in loop:
             out = kit.forward(model, step_inputs)
+            if outs is not None:
+                outs.append(kit.to_numpy(out))
         return out
 
     eager: Dict[Config, Any] = {}  # with --compile: each configuration's patched copy, and its compiled form
@@ -204,7 +213,7 @@ def _measure(settings: Settings, kit: Any, model: Any, loop: List[Tuple[Any, ...
     # One more forward each, eager, counting tokens (and timing ToMe's own functions, unless compiled:
     # inside a compiled graph they are not separate calls).
     machinery = kit.machinery()
-    baseline_out, baseline_seen = None, None
+    baseline_out, baseline_seen, baseline_outs = None, None, []
     for cfg in configs:  # baseline first: the others are compared with it
         row = rows[cfg]
         timer = MachineryTimer(kit)
@@ -216,15 +225,19 @@ def _measure(settings: Settings, kit: Any, model: Any, loop: List[Tuple[Any, ...
             method = kit.method(model, cfg, settings)
         with method, timer.installed([] if settings.compile else machinery.get(cfg.method, [])), \
                 token_counter(target, kit.name) as seen:
-            out = kit.to_numpy(run_loop(target))
+            outs: List[Any] = []
+            run_loop(target, outs)
+            out = outs[-1]
         progress(1)
-        if cfg.method == "baseline":
-            baseline_out, baseline_seen = out, counts(seen)
+        if cfg.method == "baseline" and cfg.cache is None:
+            baseline_out, baseline_seen, baseline_outs = out, counts(seen), outs
         row.time_s = statistics.median(row.times_s) / len(loop)  # per UNet call
         row.tome_time_s = None if settings.compile else timer.total
         row.tokens = {level: [n // len(loop) for n in pair]  # per UNet call
                       for level, pair in tokens_per_level(settings.res // 8, baseline_seen, counts(seen)).items()}
         row.output_change = _relative(out, baseline_out)
+        if len(loop) > 1:
+            row.loop_change = statistics.fmean(_relative(o, b) for o, b in zip(outs, baseline_outs))
         if settings.compile:  # the compiled graph computes what the patched model computes
             row.compiled_vs_eager = _relative(compiled_out, out)
     base = rows[Config("baseline")]
@@ -252,7 +265,7 @@ def measure_cpu_memory(settings: Settings, rows: List[Row], progress: Callable[[
 
 
 def _config_of(row: Row) -> Config:
-    return Config(row.method, row.ratio, row.mode, row.reuse_steps)
+    return Config(row.method, row.ratio, row.mode, row.reuse_steps, row.cache)
 
 
 def fill_memory_reductions(rows: List[Row]) -> None:
