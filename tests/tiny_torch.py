@@ -212,3 +212,57 @@ def flux_inputs(batch: int = 2, h: int = 8, w: int = 8, t: float = 0.5, text: in
                 encoder_hidden_states=torch.randn(batch, text, 32, generator=gen),
                 pooled_projections=torch.randn(batch, 32, generator=gen), timestep=torch.full((batch,), t),
                 img_ids=ids.reshape(h * w, 3), txt_ids=torch.zeros(text, 3))
+
+
+def _latent_vae(**overrides):
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(0)
+    return AutoencoderKL(**dict(VAE, **overrides)).eval()
+
+
+def flux_pipeline(controlnet: bool = False):
+    """A tiny FluxPipeline (or FluxControlNetPipeline) run on prompt embeddings: no text encoders (the
+    pipeline takes `prompt_embeds` and `pooled_prompt_embeds` as given), the tiny Flux transformer."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxControlNetModel, FluxControlNetPipeline, FluxPipeline
+
+    parts = dict(scheduler=FlowMatchEulerDiscreteScheduler(), text_encoder=None, tokenizer=None, text_encoder_2=None,
+                 tokenizer_2=None, transformer=flux(),
+                 vae=_latent_vae(shift_factor=0.0, scaling_factor=1.0, use_quant_conv=False, use_post_quant_conv=False))
+    if controlnet:
+        pipe = FluxControlNetPipeline(**parts, controlnet=randomize_(FluxControlNetModel(**FLUX), 2))
+    else:
+        pipe = FluxPipeline(**parts)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def run_flux_pipeline(pipe, steps: int = 2):
+    gen = torch.Generator().manual_seed(5)
+    extra = {}
+    if type(pipe).__name__ == "FluxControlNetPipeline":
+        extra["control_image"] = torch.rand(1, 3, 32, 32, generator=gen)
+    return pipe(prompt_embeds=torch.randn(1, 5, 32, generator=gen), pooled_prompt_embeds=torch.randn(1, 32, generator=gen),
+                num_inference_steps=steps, height=32, width=32, output_type="np",
+                generator=torch.Generator().manual_seed(0), **extra).images
+
+
+def pixart_pipeline(sigma: bool = False):
+    """A tiny PixArtAlphaPipeline / PixArtSigmaPipeline run on prompt embeddings (no T5)."""
+    from diffusers import DPMSolverMultistepScheduler, PixArtAlphaPipeline, PixArtSigmaPipeline
+
+    cls = PixArtSigmaPipeline if sigma else PixArtAlphaPipeline
+    pipe = cls(tokenizer=None, text_encoder=None, vae=_latent_vae(), transformer=transformer("pixart"),
+               scheduler=DPMSolverMultistepScheduler())
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def run_pixart_pipeline(pipe, steps: int = 2):
+    gen = torch.Generator().manual_seed(5)
+    embeds, mask = torch.randn(1, 6, 16, generator=gen), torch.ones(1, 6)
+    return pipe(prompt=None, negative_prompt=None, prompt_embeds=embeds, prompt_attention_mask=mask,
+                negative_prompt_embeds=torch.zeros_like(embeds), negative_prompt_attention_mask=mask,
+                num_inference_steps=steps, height=32, width=32, output_type="np", use_resolution_binning=False,
+                generator=torch.Generator().manual_seed(0)).images
+

@@ -101,12 +101,12 @@ def test_a_copy_of_a_patched_pipeline_counts_its_own_steps(tmp_path, monkeypatch
     seen = count_matchings(monkeypatch)
     images, counts = per_call(pipe, seen)
     twin = copy.deepcopy(pipe)
-    assert twin.scheduler.step.__self__ is not pipe.scheduler.step.__self__
-    assert twin.scheduler.step.__self__.pipeline is twin and not twin.scheduler.step.__self__.kept
+    assert twin.scheduler.step.clock is not pipe.scheduler.step.clock
+    assert twin.scheduler.step.clock.pipeline is twin and not twin.scheduler.step.clock.kept
     twin_images, twin_counts = per_call(twin, seen)
     assert twin_counts == counts and (twin_images == images).all()
     tomesd.remove_patch(twin)  # removing the copy's patch leaves the original's
-    assert pipe.scheduler.step.__self__.pipeline is pipe
+    assert pipe.scheduler.step.clock.pipeline is pipe
     assert per_call(pipe, seen)[1] == counts
 
 

@@ -16,7 +16,8 @@ does its clock; a copy of the pipeline gets a clock of its own with nothing kept
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+import inspect
+from typing import Any, Dict
 
 _WRAPPED = ("set_timesteps", "step")
 
@@ -58,18 +59,21 @@ class StepClock:
         return out
 
     def _call(self, name: str, args: tuple, kwargs: dict) -> Any:
+        return self._original(name)(*args, **kwargs)
+
+    def _original(self, name: str) -> Any:
         own = self._saved.get(name)
         if own is not None:  # the instance's own override (another wrapper) still runs
-            return own(*args, **kwargs)
-        return getattr(type(self.scheduler), name)(self.scheduler, *args, **kwargs)
+            return own
+        return getattr(type(self.scheduler), name).__get__(self.scheduler)
 
     # ---- lifecycle ----
     def attach(self) -> None:
         scheduler = self.pipeline.scheduler
         self.scheduler = scheduler
         self._saved = {name: scheduler.__dict__[name] for name in _WRAPPED if name in scheduler.__dict__}
-        scheduler.step = self._step
-        scheduler.set_timesteps = self._set_timesteps
+        for name in _WRAPPED:
+            setattr(scheduler, name, _LoopMethod(self, name))
         self._reset()
 
     def detach(self) -> None:
@@ -77,7 +81,8 @@ class StepClock:
         if scheduler is None:
             return
         for name in _WRAPPED:
-            if getattr(scheduler.__dict__.get(name), "__self__", None) is self:
+            wrapped = scheduler.__dict__.get(name)
+            if isinstance(wrapped, _LoopMethod) and wrapped.clock is self:
                 del scheduler.__dict__[name]
             if name in self._saved:
                 scheduler.__dict__[name] = self._saved[name]
@@ -103,8 +108,16 @@ class StepClock:
         self._reset()
 
 
-def find_clock(patches: Any) -> Optional[StepClock]:
-    for patch in patches:
-        if patch.clock is not None:
-            return patch.clock
-    return None
+class _LoopMethod:
+    """One of the scheduler's loop methods as the clock sees it. It shows the method's own signature:
+    pipelines inspect `scheduler.set_timesteps` for the arguments it takes (`timesteps`, `sigmas`)."""
+
+    def __init__(self, clock: StepClock, name: str) -> None:
+        self.clock, self.name = clock, name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.clock, "_" + self.name)(*args, **kwargs)
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        return inspect.signature(self.clock._original(self.name))
