@@ -382,3 +382,41 @@ def test_downsample_refuses_projections_fused_after_the_patch_at_the_next_call(m
         run(model, T.transformer_inputs("sd3"))
     model.unfuse_qkv_projections()
     tomesd.remove_patch(model)
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_sd35_controlnet_single_blocks_reduce(mode):
+    """SD3.5's ControlNets (no joint_attention_dim) run image-only SD3SingleTransformerBlocks: their
+    self-attention merges (or takes downsampled keys) like a joint block's."""
+    from diffusers import SD3ControlNetModel
+
+    controlnet = T.randomize_(SD3ControlNetModel(
+        sample_size=16, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=2,
+        joint_attention_dim=None, caption_projection_dim=16, pooled_projection_dim=8, out_channels=4,
+        pos_embed_max_size=16), 2)
+    assert {type(b).__name__ for b in controlnet.transformer_blocks} == {"SD3SingleTransformerBlock"}
+    inputs = T.transformer_inputs("sd3")
+    del inputs["encoder_hidden_states"]  # no text: these blocks see the image alone
+    inputs["controlnet_cond"] = torch.randn(2, 4, 16, 16, generator=torch.Generator().manual_seed(3))
+
+    def go():
+        pairs, handles = [], []  # hooked after the patch's pre-hooks, so they see what the layers get
+        for block in controlnet.transformer_blocks:
+            pending = []
+            handles.append(block.attn.to_q.register_forward_pre_hook(lambda m, a, p=pending: p.append(a[0].shape[1])))
+            handles.append(block.attn.to_k.register_forward_pre_hook(
+                lambda m, a, p=pending: pairs.append((p.pop(), a[0].shape[1]))))
+        with torch.no_grad():
+            out = controlnet(**inputs, return_dict=False)[0]
+        for handle in handles:
+            handle.remove()
+        return torch.stack(list(out)), pairs
+
+    base, plain = go()
+    tomesd.apply_patch(controlnet, **MODES[mode])
+    reduced, seen = go()
+    tomesd.remove_patch(controlnet)
+    assert plain == [(64, 64)] * 2
+    assert seen == ([(32, 32)] * 2 if mode == "merge" else [(64, 16)] * 2)
+    assert (reduced - base).abs().max().item() > 1000 * TOL
+    assert torch.equal(go()[0], base)

@@ -93,6 +93,13 @@ BLOCK_KINDS: Dict[str, BlockKind] = {
                        Sublayer("ff", "merge_mlp")),
             downsample=(Downsample("attn", "projections"), Downsample("attn2", "projections")),
         ),
+        # SD3.5 ControlNets' image-only blocks (SD3ControlNetModel without joint_attention_dim): SD3's joint
+        # processor with no text, so `attn` is plain self-attention returning the image alone.
+        BlockKind(
+            "SD3SingleTransformerBlock",
+            sublayers=(Sublayer("attn", "merge_attn", tokens=("hidden_states",)), Sublayer("ff", "merge_mlp")),
+            downsample=(Downsample("attn", "projections"),),
+        ),
         # Flux double-stream blocks: as SD3's, and the rotary rows (cos, sin) [text + image, D] that the
         # processor applies to queries and keys follow the merged image tokens. Outputs (image, text) or,
         # with an IP-Adapter, (image, text, image-length IP output).
