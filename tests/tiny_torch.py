@@ -266,3 +266,51 @@ def run_pixart_pipeline(pipe, steps: int = 2):
                 num_inference_steps=steps, height=32, width=32, output_type="np", use_resolution_binning=False,
                 generator=torch.Generator().manual_seed(0)).images
 
+
+# ---- video UNets: tiny widths, the real classes; spatial blocks see one frame per batch row ----
+VIDEO_KINDS = ("animatediff", "unet3d", "svd")
+UNET3D = dict(block_out_channels=(32, 32), layers_per_block=1, cross_attention_dim=32, attention_head_dim=8,
+              norm_num_groups=8, down_block_types=("CrossAttnDownBlock3D", "DownBlock3D"),
+              up_block_types=("UpBlock3D", "CrossAttnUpBlock3D"))
+SVD = dict(sample_size=16, in_channels=8, out_channels=4, block_out_channels=(32, 64),
+           down_block_types=("CrossAttnDownBlockSpatioTemporal", "DownBlockSpatioTemporal"),
+           up_block_types=("UpBlockSpatioTemporal", "CrossAttnUpBlockSpatioTemporal"), cross_attention_dim=32,
+           num_attention_heads=(2, 4), layers_per_block=1, addition_time_embed_dim=8,
+           projection_class_embeddings_input_dim=24)
+MOTION_ADAPTER = dict(block_out_channels=(32, 64, 64), motion_layers_per_block=1, motion_num_attention_heads=2,
+                      motion_norm_num_groups=8, motion_max_seq_length=32)
+
+
+def video_unet(kind: str, seed: int = 0):
+    """AnimateDiff (the tiny SD1 UNet with a motion adapter), UNet3DConditionModel or SVD's UNet."""
+    import diffusers
+
+    if kind == "animatediff":
+        model = diffusers.UNetMotionModel.from_unet2d(unet(seed=seed), diffusers.MotionAdapter(**MOTION_ADAPTER))
+        for i, module in enumerate(model.modules()):  # the adapter's output layers start at zero: wake them
+            if any(n in ("AnimateDiffTransformer3D", "TransformerTemporalModel") for n in
+                   (c.__name__ for c in type(module).__mro__)):
+                randomize_(module, seed + 10 + i)
+        return model.eval()
+    if kind == "unet3d":
+        return randomize_(diffusers.UNet3DConditionModel(**UNET3D), seed)
+    return randomize_(diffusers.UNetSpatioTemporalConditionModel(**SVD), seed)
+
+
+def video_inputs(kind: str, batch: int = 1, frames: int = 4, h: int = 16, w: int = 16, t: float = 500.0,
+                 seed: int = 1) -> dict:
+    """[B, C, F, H, W] latents ([B, F, C, H, W] for SVD) and what each forward needs. AnimateDiff's text
+    comes per frame, as its pipeline repeats it."""
+    gen = torch.Generator().manual_seed(seed)
+    if kind == "svd":
+        return dict(sample=torch.randn(batch, frames, 8, h, w, generator=gen), timestep=torch.tensor(t),
+                    encoder_hidden_states=torch.randn(batch, 1, 32, generator=gen),
+                    added_time_ids=torch.randn(batch, 3, generator=gen))
+    text = batch * frames if kind == "animatediff" else batch
+    return dict(sample=torch.randn(batch, 4, frames, h, w, generator=gen), timestep=torch.tensor(t),
+                encoder_hidden_states=torch.randn(text, 7, 32, generator=gen))
+
+
+def run_video(model, inputs: dict) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**inputs).sample

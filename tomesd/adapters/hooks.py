@@ -43,7 +43,7 @@ from tome_core import (
     num_cells, plan_block, plan_patch_block, rng,
 )
 
-from .kinds import BLOCK_KINDS, BlockKind, block_kind, ids_input, patch_size
+from .kinds import BLOCK_KINDS, BlockKind, block_kind, ids_input, in_temporal_container, is_video_root, patch_size
 
 PATCH_ATTR = "_tome_patch"
 _TOKENS = ("hidden_states", "x")
@@ -55,8 +55,10 @@ Plan = Any  # a TokenMerge (mode "merge") or a KVDownsample (mode "downsample"),
 
 
 def transformer_blocks(ops: Any, root: Any) -> List[Any]:
-    """The blocks of `root` whose kind ToMe knows (kinds.BLOCK_KINDS), in module order."""
-    return [m for _, m in ops.named_modules(root) if block_kind(m) is not None]
+    """The blocks of `root` whose kind ToMe knows (kinds.BLOCK_KINDS), in module order, leaving out
+    those inside a temporal container (their tokens are frames)."""
+    temporal = {id(m) for _, c in ops.named_modules(root) if in_temporal_container(c) for _, m in ops.named_modules(c)}
+    return [m for _, m in ops.named_modules(root) if block_kind(m) is not None and id(m) not in temporal]
 
 
 KNOWN_BLOCKS = ", ".join(BLOCK_KINDS)
@@ -171,6 +173,7 @@ class ToMePatch:
         self.patch = None if self._ids_name is not None else patch_size(root)
         self._ids_spec = None if self._ids_name is None else InputSpec.find(root, (self._ids_name,), False)
         self._one_grid = self.patch is not None or self._ids_name is not None  # every block sees one grid
+        self._latent_dims = 5 if is_video_root(root) else 4  # video: frames ride in the batch of the spatial blocks
         self._latent_spec = InputSpec.find(root, _LATENT, first_positional=True)
         self._timestep_spec = InputSpec.find(root, _TIMESTEP, first_positional=False)
         # (block index, sub-layer name or "") -> where that module's token input arrives
@@ -337,10 +340,11 @@ class ToMePatch:
         if self._ids_spec is not None:
             call.coords = self._image_ids(module, args, kwargs, shape)
             call.ids = call.coords[0]
-        elif len(shape) != 4:
+        elif len(shape) != self._latent_dims:
+            layout = "[B, C, H, W]" if self._latent_dims == 4 else "a video latent with frames, H and W last"
             raise ValueError(
-                f"ToMe needs {type(module).__name__}'s '{self._latent_spec.name}' input to be a latent "
-                f"[B, C, H, W], got shape {list(shape)}"
+                f"ToMe needs {type(module).__name__}'s '{self._latent_spec.name}' input to be {layout}, "
+                f"got shape {list(shape)}"
             )
         else:
             call.latent_hw = (shape[-2], shape[-1])

@@ -132,6 +132,25 @@ def block_kind(module: Any) -> Optional[BlockKind]:
     return None
 
 
+# Modules whose transformer blocks attend over frames, not over a frame's grid: AnimateDiff's motion
+# modules, the temporal attentions of UNet3DConditionModel and I2VGenXLUNet (and their `transformer_in`).
+# Their blocks are BasicTransformerBlocks like the spatial ones, so they are told apart by where they sit,
+# never by class; ToMe leaves them untouched. (SVD's temporal blocks are a class of their own.)
+TEMPORAL_CONTAINERS = ("TransformerTemporalModel", "AnimateDiffTransformer3D")
+
+# Video UNets: the latent is 5-D ([B, C, F, H, W], or [B, F, C, H, W] for SVD), H and W last, and the
+# spatial blocks see one frame per batch row, so tomesd's level rule merges within each frame.
+VIDEO_ROOTS = ("UNetMotionModel", "UNet3DConditionModel", "UNetSpatioTemporalConditionModel", "I2VGenXLUNet")
+
+
+def in_temporal_container(module: Any) -> bool:
+    return any(name in TEMPORAL_CONTAINERS for name in class_names(module))
+
+
+def is_video_root(root: Any) -> bool:
+    return any(name in VIDEO_ROOTS for name in class_names(root))
+
+
 def patch_size(root: Any) -> Optional[int]:
     """The patch size of a diffusion transformer (its token grid is the latent's over it), or None for
     a UNet, whose blocks sit at several levels of the latent."""

@@ -17,18 +17,15 @@ _NOT_DENOISERS = (
     "feature_extractor", "scheduler", "image_processor",
 )
 
-# Denoisers whose input is not one image latent [B, C, H, W]: their blocks hold tokens of frames or
-# embeddings, which ToMe's 2-D grid does not describe.
+# Denoisers whose input is not an image (or video) latent: their blocks hold tokens of embeddings, which
+# ToMe's grid does not describe.
 _UNSUPPORTED_ROOTS = {
-    "UNet3DConditionModel": "a video UNet (its latent is [B, C, frames, H, W])",
-    "UNetMotionModel": "a video UNet (AnimateDiff; its blocks see frames as batch and as sequence)",
-    "UNetSpatioTemporalConditionModel": "a video UNet (Stable Video Diffusion)",
-    "I2VGenXLUNet": "a video UNet",
     "PriorTransformer": "a prior over embeddings, not over an image latent",
 }
 
 _SUPPORTED = (
-    "a diffusers/ppdiffusers pipeline, a UNet2DConditionModel or ControlNetModel, an SD3 / SD3.5, PixArt or "
+    "a diffusers/ppdiffusers pipeline, a UNet2DConditionModel or ControlNetModel, a video UNet (AnimateDiff's "
+    "UNetMotionModel, UNet3DConditionModel, SVD's UNetSpatioTemporalConditionModel, I2VGenXLUNet), an SD3 / SD3.5, PixArt or "
     "DiT transformer (torch or paddle), a Flux transformer or ControlNet (torch), or an LDM / Stable Diffusion "
     "model with .model.diffusion_model"
 )
