@@ -271,3 +271,31 @@ def test_a_step_cache_runs_alone_and_under_each_setting(tmp_path, capsys, config
 def test_cache_options_are_checked_before_any_work(argv, message, capsys):
     assert bench(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_video_architecture_merges_spatial_blocks_per_frame(tmp_path, capsys):
+    """--config tiny-animatediff stands in for --arch animatediff: a [1, 4, frames, 16, 16] latent; every
+    spatial self-attention at the finest level sees each frame's 256 tokens reduced."""
+    out_json = tmp_path / "r.json"
+    argv = ["--config", "tiny-animatediff", "--res", "128", "--frames", "3", "--repeats", "1", "--ratios", "0.5",
+            "--modes", "merge,downsample", "--no-memory", "--json", str(out_json)]
+    assert bench(argv) == 0
+    assert "tiny AnimateDiff UNet, 3 frames at 128x128" in capsys.readouterr().out
+    doc = json.loads(out_json.read_text())
+    assert doc["settings"]["frames"] == 3
+    rows = {(r["method"], r["mode"]): r for r in doc["results"]}
+    full = rows[("baseline", "merge")]["tokens"]["1"][0]
+    assert full == 3 * 256  # three spatial blocks at the top level; motion modules are not counted
+    assert rows[("tome", "merge")]["tokens"]["1"] == [full, full // 2]
+    assert rows[("tome", "downsample")]["tokens"]["1"] == [full, full // 4]
+    assert all(r["output_change"] > 0 for k, r in rows.items() if k[0] == "tome")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--arch", "sd1", "--frames", "8"], "for video architectures"),
+    (["--arch", "animatediff", "--frames", "0"], "at least 1"),
+    (["--arch", "animatediff", "--compare"], "cannot patch UNetMotionModel"),
+])
+def test_video_options_are_checked_before_any_work(argv, message, capsys):
+    assert bench(argv) == 2
+    assert message in capsys.readouterr().err

@@ -10,7 +10,8 @@ from typing import List, Optional
 from . import caches
 from .configs import ARCHS
 
-ARCH_NAMES = {"sd1": "sd15", "sdxl": "sdxl", "sd3": "sd3", "pixart": "pixart", "flux": "flux"}
+ARCH_NAMES = {"sd1": "sd15", "sdxl": "sdxl", "sd3": "sd3", "pixart": "pixart", "flux": "flux",
+              "animatediff": "animatediff"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,7 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", choices=sorted(ARCH_NAMES), default=None,
                         help="architecture at real width, random weights: sd1 (SD1.5 UNet, the default), sdxl "
                              "(SDXL UNet), sd3 (SD3-medium transformer), pixart (PixArt-alpha 1024), flux "
-                             "(Flux.1-dev); same as --config sd15/sdxl/sd3/pixart/flux")
+                             "(Flux.1-dev), animatediff (SD1.5 UNet with AnimateDiff's motion adapter, video); same "
+                             "as --config sd15/sdxl/sd3/pixart/flux/animatediff")
+    parser.add_argument("--frames", type=int, default=None, help="video architectures: frames per clip (default 16)")
     parser.add_argument("--depth", type=int, default=None,
                         help="transformers: build only this many blocks (default: all; SD3-medium 24, PixArt 28, "
                              "Flux 19 double-stream, with twice as many single-stream)")
@@ -174,6 +177,14 @@ def run(args: argparse.Namespace) -> int:
         if args.arch is not None:
             args.config = ARCH_NAMES[args.arch]
         arch = ARCHS[args.config]
+        if args.frames is not None and not arch.video:
+            raise ValueError(f"--frames is for video architectures (animatediff); {arch.name} is an image model")
+        if args.frames is not None and args.frames < 1:
+            raise ValueError("--frames must be at least 1")
+        if arch.video and args.backend != "torch":
+            raise ValueError(f"{arch.name} runs on torch only in this benchmark")
+        if arch.video and args.compare:
+            raise ValueError(f"--compare runs tomesd 0.1.3, which cannot patch {arch.cls}")
         if args.cache is not None and args.model is not None:
             raise ValueError("--cache goes with the loop bench (--steps), not --model")
         caches.check(args.cache, arch.cls, args.backend, args.compile, args.steps or 1)
@@ -192,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
             compile=args.compile, compile_backend=args.compile_backend or "inductor",
             modes=tuple(modes), reuse_steps=tuple(reuse), downsample_factor=args.downsample_factor,
             downsample_method=args.downsample_method, steps=1 if args.model is not None else (args.steps or 1),
-            cache=args.cache,
+            cache=args.cache, frames=args.frames or 16,
         )
         kit = make_kit(settings.backend, settings.device, settings.dtype)
         if settings.compile and settings.compile_backend not in kit.compile_backends():
@@ -220,6 +231,8 @@ def run(args: argparse.Namespace) -> int:
                        f"{arch.config['num_single_layers']} single-stream blocks)")
     elif settings.depth:
         model_name += f" ({settings.depth} of {arch.full_depth} blocks)"
+    if arch.video:
+        model_name += f", {settings.frames} frames"
     print(f"{model_name}, random weights, {settings.res}x{settings.res}, batch {settings.batch}, "
           f"{settings.dtype} on {kit.name}/{settings.device}{compiled}; {n_configs} configurations interleaved",
           file=sys.stderr)

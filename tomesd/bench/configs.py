@@ -57,14 +57,28 @@ TINY_FLUX = dict(patch_size=1, in_channels=16, num_layers=1, num_single_layers=2
                  axes_dims_rope=(4, 6, 6))
 
 
+# AnimateDiff's SD1.5 motion adapter (v1.5-2): two motion modules per block and a motion mid block.
+SD15_MOTION_ADAPTER = dict(
+    block_out_channels=(320, 640, 1280, 1280), motion_layers_per_block=2, motion_num_attention_heads=8,
+    motion_norm_num_groups=32, motion_max_seq_length=32, use_motion_mid_block=True,
+)
+TINY_MOTION_ADAPTER = dict(block_out_channels=(32, 64), motion_layers_per_block=1, motion_num_attention_heads=2,
+                           motion_norm_num_groups=8, motion_max_seq_length=32)
+
+
 class Arch:
     """One benchmarked architecture: how to build it and call it."""
 
     def __init__(self, name: str, cls: str, config: dict, latent_channels: int, text_dim: int,
-                 pooled_dim: int = 0, depth_key: str = "", extra: str = ""):
+                 pooled_dim: int = 0, depth_key: str = "", extra: str = "", motion: "dict | None" = None):
         self.name, self.cls, self.config = name, cls, config
         self.latent_channels, self.text_dim, self.pooled_dim = latent_channels, text_dim, pooled_dim
         self.depth_key, self.extra = depth_key, extra
+        self.motion = motion  # video: the motion adapter added to the image UNet (AnimateDiff)
+
+    @property
+    def video(self) -> bool:
+        return self.motion is not None
 
     @property
     def transformer(self) -> bool:
@@ -87,6 +101,9 @@ ARCHS = {
     "sd15": Arch("SD1.5 UNet", "UNet2DConditionModel", SD15, 4, 768),
     "sdxl": Arch("SDXL UNet", "UNet2DConditionModel", SDXL, 4, 2048, 1280, extra="sdxl"),
     "tiny": Arch("tiny UNet", "UNet2DConditionModel", TINY, 4, 32),
+    "animatediff": Arch("AnimateDiff (SD1.5 UNet, motion adapter v1.5-2)", "UNetMotionModel", SD15, 4, 768,
+                        motion=SD15_MOTION_ADAPTER),
+    "tiny-animatediff": Arch("tiny AnimateDiff UNet", "UNetMotionModel", TINY, 4, 32, motion=TINY_MOTION_ADAPTER),
     "sd3": Arch("SD3-medium transformer", "SD3Transformer2DModel", SD3_MEDIUM, 16, 4096, 2048, "num_layers"),
     "pixart": Arch("PixArt-alpha transformer", "PixArtTransformer2DModel", PIXART_ALPHA, 4, 4096, 0, "num_layers",
                    extra="pixart"),

@@ -94,13 +94,24 @@ class TorchKit(_Kit):
 
         arch = ARCHS[config]
         self.torch.manual_seed(seed)
-        model = getattr(diffusers, arch.cls)(**arch.build_config(depth)).to(self.device)
+        if arch.video:  # AnimateDiff: the image UNet with a motion adapter's modules between its blocks
+            model = diffusers.UNetMotionModel.from_unet2d(diffusers.UNet2DConditionModel(**arch.config),
+                                                          diffusers.MotionAdapter(**arch.motion))
+            with self.torch.no_grad():  # the adapter's output layers start at zero: give them weights
+                for name, p in model.named_parameters():
+                    if "motion_modules" in name and name.endswith("proj_out.weight"):
+                        p.normal_(0, p.shape[1] ** -0.5)
+            model = model.to(self.device)
+        else:
+            model = getattr(diffusers, arch.cls)(**arch.build_config(depth)).to(self.device)
         if self.dtype != self.torch.float32:
             model = model.to(dtype=self.dtype)
         return model.eval()
 
-    def inputs(self, config: str, batch: int, res: int, seed: int) -> Tuple[Any, ...]:
-        """(latent, timestep, text, extra keyword inputs): the timestep second, as the loop replaces it."""
+    def inputs(self, config: str, batch: int, res: int, seed: int, frames: int = 16) -> Tuple[Any, ...]:
+        """(latent, timestep, text, extra keyword inputs): the timestep second, as the loop replaces it.
+        Video: a [batch, C, frames, H, W] latent and the text once per frame, as AnimateDiff's pipeline
+        repeats it."""
         arch, torch = ARCHS[config], self.torch
         gen = torch.Generator().manual_seed(seed)
         latent = res // 8
@@ -115,6 +126,9 @@ class TorchKit(_Kit):
             ids[..., 2] += torch.arange(side)[None, :]
             extra.update(img_ids=cast(ids.reshape(-1, 3)), txt_ids=cast(torch.zeros(FLUX_TEXT_TOKENS, 3)),
                          guidance=cast(torch.full((batch,), 3.5)))
+        elif arch.video:
+            x = cast(torch.randn(batch, arch.latent_channels, frames, latent, latent, generator=gen))
+            c = cast(torch.randn(batch, TEXT_TOKENS, arch.text_dim, generator=gen)).repeat_interleave(frames, 0)
         else:
             x = cast(torch.randn(batch, arch.latent_channels, latent, latent, generator=gen))
             c = cast(torch.randn(batch, TEXT_TOKENS, arch.text_dim, generator=gen))

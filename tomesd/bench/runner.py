@@ -39,6 +39,7 @@ class Settings:
     downsample_method: str = "nearest"
     steps: int = 1  # UNet calls per timed run, over distinct timesteps (a denoising loop)
     cache: Optional[str] = None  # diffusers' step cache run beside ToMe (caches.CACHES), with --steps
+    frames: int = 16  # video architectures: frames per clip
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,7 @@ def run_unet(settings: Settings, progress: Callable[[int], None] = lambda n: Non
     of the model (weights shared); a reference that cannot be compiled is left out, with a note."""
     kit = make_kit(settings.backend, settings.device, settings.dtype)
     model = kit.build(settings.config, settings.seed, settings.depth)
-    inputs = kit.inputs(settings.config, settings.batch, settings.res, settings.seed + 1)
+    inputs = kit.inputs(settings.config, settings.batch, settings.res, settings.seed + 1, settings.frames)
     if settings.steps > 1:  # a denoising loop: one input per step, each its own timestep
         inputs = [inputs[:1] + (t,) + inputs[2:] for t in kit.timesteps(settings.steps)]
     else:
