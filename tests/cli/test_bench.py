@@ -74,7 +74,7 @@ def test_modes_reuse_and_a_denoising_loop(tmp_path, capsys):
 @pytest.mark.parametrize(
     "argv,message",
     [
-        (["--modes", "merge,fast"], "choose from merge, downsample"),
+        (["--modes", "merge,fast"], "choose from merge, merge-mlp, downsample"),
         (["--reuse-steps", "0"], "each value must be at least 1"),
         (["--reuse-steps", "3"], "needs --steps N"),
         (["--reuse-steps", "2", "--steps", "4", "--compile"], "cannot be compiled"),
@@ -299,3 +299,19 @@ def test_a_video_architecture_merges_spatial_blocks_per_frame(tmp_path, capsys):
 def test_video_options_are_checked_before_any_work(argv, message, capsys):
     assert bench(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_merge_mlp_rows_merge_the_feed_forward_too(tmp_path, capsys, monkeypatch):
+    import tomesd
+
+    applied = []
+    real = tomesd.apply_patch
+    monkeypatch.setattr(tomesd, "apply_patch", lambda model, **kw: applied.append(kw) or real(model, **kw))
+    out_json = tmp_path / "r.json"
+    argv = ["--config", "tiny-sd3", "--res", "64", "--repeats", "1", "--warmup", "0", "--ratios", "0.5",
+            "--modes", "merge,merge-mlp", "--no-memory", "--json", str(out_json)]
+    assert bench(argv) == 0
+    assert "| ToMe (ours) r=0.5 merge_mlp |" in capsys.readouterr().out
+    rows = {r["mode"]: r for r in json.loads(out_json.read_text())["results"] if r["method"] == "tome"}
+    assert {kw["merge_mlp"] for kw in applied} == {False, True}
+    assert rows["merge-mlp"]["output_change"] != rows["merge"]["output_change"]  # the feed-forward merged too

@@ -31,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=2, help="UNet batch (2 = one image with classifier-free guidance)")
     parser.add_argument("--ratios", default="0.25,0.5,0.75", help="comma-separated ToMe ratios")
     parser.add_argument("--modes", default="merge",
-                        help="comma-separated: merge (ToMe, one row per ratio), downsample (ToDo, one row)")
+                        help="comma-separated: merge (ToMe, one row per ratio), merge-mlp (ToMe with merge_mlp=True, "
+                             "one row per ratio), downsample (ToDo, one row)")
     parser.add_argument("--reuse-steps", default="1", metavar="K[,K...]",
                         help="merge rows per ratio, one per K: matching reused for K denoising steps (use with --steps)")
     parser.add_argument("--downsample-factor", type=int, default=2, help="per side, with --modes downsample")
@@ -135,9 +136,9 @@ def _ints(text: str, option: str) -> List[int]:
 
 def _modes(text: str) -> List[str]:
     modes = [part.strip() for part in text.split(",") if part.strip()]
-    bad = [m for m in modes if m not in ("merge", "downsample")]
+    bad = [m for m in modes if m not in ("merge", "merge-mlp", "downsample")]
     if not modes or bad:
-        raise ValueError(f"--modes {text!r}: choose from merge, downsample")
+        raise ValueError(f"--modes {text!r}: choose from merge, merge-mlp, downsample")
     return modes
 
 

@@ -28,6 +28,7 @@ def label(row: Any, reference_name: str) -> str:
         name = "downsample (ours)"
     else:
         name = f"ToMe (ours) r={row.ratio:g}" + (f" reuse {row.reuse_steps}" if row.reuse_steps > 1 else "")
+        name += " merge_mlp" if row.mode == "merge-mlp" else ""
     return name if cache is None else f"{name} + {cache}"
 
 

@@ -58,7 +58,7 @@ class Config:
             return dict(mode="downsample", max_downsample=settings.max_downsample,
                         downsample_factor=settings.downsample_factor, downsample_method=settings.downsample_method)
         return dict(ratio=self.ratio, max_downsample=settings.max_downsample, seed=settings.seed,
-                    reuse_steps=self.reuse_steps)
+                    reuse_steps=self.reuse_steps, merge_mlp=self.mode == "merge-mlp")
 
 
 @dataclass
@@ -84,8 +84,9 @@ class Row:
 
 def configurations(settings: Settings) -> List[Config]:
     configs = [Config("baseline")]
-    if "merge" in settings.modes:
-        configs += [Config("tome", ratio, "merge", k) for ratio in settings.ratios for k in settings.reuse_steps]
+    for mode in ("merge", "merge-mlp"):  # merge-mlp: ToMe with the feed-forward merged too (merge_mlp=True)
+        if mode in settings.modes:
+            configs += [Config("tome", ratio, mode, k) for ratio in settings.ratios for k in settings.reuse_steps]
     if "downsample" in settings.modes:
         configs.append(Config("tome", None, "downsample"))
     if settings.compare:
