@@ -1,5 +1,6 @@
-"""Deterministic class-conditional sampling with the yardstick UNet: DDIM with classifier-free guidance,
-the two halves in one batch as SD pipelines run them (so ToMe sees SD's batch-2 shape)."""
+"""Deterministic class-conditional sampling with a yardstick denoiser and classifier-free guidance, the two
+halves in one batch as SD pipelines run them (so ToMe sees SD's batch-2 shape): DDIM for the `sd1` UNet,
+flow-matching Euler steps for the `sd3` transformer (SD3's own scheduler, at shift 1 for a 32x32 image)."""
 from __future__ import annotations
 
 from . import model as M
@@ -8,7 +9,11 @@ STEPS = 20
 GUIDANCE = 2.0
 
 
-def scheduler():
+def scheduler(arch: str = "sd1"):
+    if arch == "sd3":
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        return FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=1.0)
     from diffusers import DDIMScheduler
 
     return DDIMScheduler(num_train_timesteps=1000, beta_schedule="squaredcos_cap_v2", clip_sample=True)
@@ -21,17 +26,17 @@ def noise(count: int, seed: int):
     return torch.randn(count, 1, M.IMAGE, M.IMAGE, generator=g)
 
 
-def sample(unet, labels_embedding, labels, x, steps: int = STEPS, guidance: float = GUIDANCE):
+def sample(unet, labels_embedding, labels, x, steps: int = STEPS, guidance: float = GUIDANCE, arch: str = "sd1"):
     """Images in [-1, 1] from starting noise `x` [N, 1, 32, 32] for `labels` [N]."""
     import torch
 
-    sched = scheduler()
+    sched = scheduler(arch)
     sched.set_timesteps(steps)
     null = torch.full_like(labels, M.NULL_CLASS)
     context = M.context(labels_embedding, torch.cat([labels, null]))
     with torch.no_grad():
         for t in sched.timesteps:
-            eps = unet(torch.cat([x, x]), t, context).sample
-            cond, uncond = eps.chunk(2)
+            out = M.predict(arch, unet, torch.cat([x, x]), t, context)
+            cond, uncond = out.chunk(2)
             x = sched.step(uncond + guidance * (cond - uncond), t, x).prev_sample
     return x.clamp(-1, 1)

@@ -1,5 +1,7 @@
 """`python -m tomesd quality`: what each setting costs in quality, and buys in speed, on the
-project's own class-conditional digits UNet (a proxy for SD, see the README).
+project's own class-conditional digits models (proxies for SD, see the README): `--arch sd1` (default)
+the UNet, `--arch sd3` the SD3-shaped joint-attention transformer. `--cache` adds one of diffusers'
+step caches, alone and stacked under each setting.
 
 Every setting samples the same labels from the same noise as the baseline, in chunks that are
 interleaved across settings (alternating order), so timings are side by side. Scores:
@@ -29,7 +31,8 @@ SCHEMA = "tomesd-quality/1"
 @dataclass(frozen=True)
 class Setting:
     name: str
-    kwargs: Optional[Dict[str, Any]]  # tomesd.apply_patch's arguments; None: the unpatched baseline
+    kwargs: Optional[Dict[str, Any]]  # tomesd.apply_patch's arguments; None: unpatched
+    cache: Optional[str] = None  # a diffusers step cache under the setting (bench.caches.CACHES)
 
     def __hash__(self) -> int:
         return hash(self.name)
@@ -55,6 +58,33 @@ DEFAULT_SETTINGS = [
     Setting("downsample f=2 nearest max_downsample=4", dict(mode="downsample", max_downsample=4)),
 ]
 
+# The SD3-shaped model: one 32x32 patch grid in every one of its 4 joint blocks (the last context_pre_only).
+SD3_SETTINGS = [
+    Setting("baseline", None),
+    Setting("ToMe r=0.25", dict(ratio=0.25)),
+    Setting("ToMe r=0.5", dict(ratio=0.5)),
+    Setting("ToMe r=0.75", dict(ratio=0.75)),
+    Setting("ToMe r=0.5 reuse 2", dict(ratio=0.5, reuse_steps=2)),
+    Setting("ToMe r=0.5 reuse 3", dict(ratio=0.5, reuse_steps=3)),
+    Setting("ToMe r=0.5 share_across_blocks", dict(ratio=0.5, share_across_blocks=True)),
+    Setting("ToMe r=0.5 merge_mlp", dict(ratio=0.5, merge_mlp=True)),
+    Setting("ToMe r=0.75 blocks 1-3", dict(ratio=0.75, blocks=[1, 2, 3])),
+    Setting("downsample f=2 nearest", dict(mode="downsample")),
+    Setting("downsample f=2 avg", dict(mode="downsample", downsample_method="avg")),
+    Setting("downsample f=3 nearest", dict(mode="downsample", downsample_factor=3)),
+    Setting("downsample f=4 nearest", dict(mode="downsample", downsample_factor=4)),
+    Setting("downsample f=4 avg", dict(mode="downsample", downsample_factor=4, downsample_method="avg")),
+]
+SETTINGS = {"sd1": DEFAULT_SETTINGS, "sd3": SD3_SETTINGS}
+
+
+def with_cache(settings: List[Setting], cache: Optional[str]) -> List[Setting]:
+    """`settings` (the baseline first), then the cache alone and stacked under each other setting."""
+    if cache is None:
+        return list(settings)
+    return list(settings) + [Setting(f"{cache} alone", None, cache)] + [
+        Setting(f"{s.name} + {cache}", s.kwargs, cache) for s in settings[1:]]
+
 
 @dataclass
 class Result:
@@ -76,18 +106,22 @@ def labels_for(n: int) -> Any:
     return torch.arange(n) % M.NUM_CLASSES
 
 
-def _sample_chunk(unet: Any, labels_embedding: Any, setting: Setting, labels: Any, noise: Any, steps: int):
+def _sample_chunk(unet: Any, labels_embedding: Any, setting: Setting, labels: Any, noise: Any, steps: int,
+                  arch: str = "sd1"):
     import tomesd
 
-    if setting.kwargs is not None:
-        tomesd.apply_patch(unet, **setting.kwargs)
-    try:
-        start = time.perf_counter()
-        images = sampling.sample(unet, labels_embedding, labels, noise, steps=steps)
-        return images, time.perf_counter() - start
-    finally:
+    from ..bench.caches import enabled
+
+    with enabled(unet, setting.cache):  # a fresh cache for each chunk's sampling run
         if setting.kwargs is not None:
-            tomesd.remove_patch(unet)
+            tomesd.apply_patch(unet, **setting.kwargs)
+        try:
+            start = time.perf_counter()
+            images = sampling.sample(unet, labels_embedding, labels, noise, steps=steps, arch=arch)
+            return images, time.perf_counter() - start
+        finally:
+            if setting.kwargs is not None:
+                tomesd.remove_patch(unet)
 
 
 def evaluate(
@@ -99,16 +133,17 @@ def evaluate(
     seed: int = 0,
     models: Any = None,
     progress: Any = None,
+    arch: str = "sd1",
 ) -> Dict[str, Any]:
     """Sample `images` per setting (seed `seed`) plus the baseline from `noise_seeds - 1` more seeds."""
     import torch
 
-    unet, labels_embedding, classifier = models if models is not None else M.load()
+    unet, labels_embedding, classifier = models if models is not None else M.load(arch=arch)
     real, _ = M.digits()
     real_features = metrics.features(classifier, real)
     labels = labels_for(images)
-    if settings[0].kwargs is not None:
-        raise ValueError("the first setting must be the baseline (kwargs None)")
+    if settings[0].kwargs is not None or settings[0].cache is not None:
+        raise ValueError("the first setting must be the baseline (kwargs None, no cache)")
     out: Dict[Setting, List[Any]] = {s: [] for s in settings}
     times: Dict[Setting, List[float]] = {s: [] for s in settings}
     noise = sampling.noise(images, seed)
@@ -116,7 +151,7 @@ def evaluate(
     for i, start in enumerate(starts):  # interleaved, alternating order
         for setting in settings if i % 2 == 0 else settings[::-1]:
             part, seconds = _sample_chunk(unet, labels_embedding, setting, labels[start:start + chunk],
-                                          noise[start:start + chunk], steps)
+                                          noise[start:start + chunk], steps, arch)
             out[setting].append(part)
             times[setting].append(seconds)
             if progress is not None:
@@ -127,7 +162,7 @@ def evaluate(
         parts = []
         for start in starts:
             parts.append(_sample_chunk(unet, labels_embedding, settings[0], labels[start:start + chunk],
-                                       other[start:start + chunk], steps)[0])
+                                       other[start:start + chunk], steps, arch)[0])
             if progress is not None:
                 progress(1)
         spread.append(torch.cat(parts))
@@ -154,13 +189,13 @@ def evaluate(
         r = Result(setting.name, copy.deepcopy(setting.kwargs), time_s=sum(times[setting]),
                    chunk_times_s=times[setting], **scores(x))
         r.speedup = base_time / r.time_s
-        if setting.kwargs is not None:
+        if setting is not settings[0]:
             r.psnr, r.ssim = metrics.closeness(x, base_images).values()
             r.within_noise = (abs(r.accuracy - base["accuracy"]) <= band["accuracy"]
                               and r.fd - base["fd"] <= band["fd"])
         results.append(r)
     return {"results": results, "noise_band": band, "images": images, "steps": steps, "chunk": chunk,
-            "seed": seed, "samples": {s.name: torch.cat(out[s]) for s in settings}}
+            "seed": seed, "arch": arch, "samples": {s.name: torch.cat(out[s]) for s in settings}}
 
 
 def table(report: Dict[str, Any]) -> str:
@@ -188,6 +223,7 @@ def write_json(path: str, report: Dict[str, Any]) -> None:
         "schema": SCHEMA,
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
                     "torch": torch.__version__, "cpus": os.cpu_count()},
+        "arch": report.get("arch", "sd1"),
         "images": report["images"], "steps": report["steps"], "chunk": report["chunk"], "seed": report["seed"],
         "noise_band": report["noise_band"],
         "results": [asdict(r) for r in report["results"]],
@@ -227,7 +263,8 @@ def write_plot(path: str, report: Dict[str, Any]) -> None:
         ax.set(xlabel="sampling speed-up vs baseline (x)")
         ax.grid(alpha=0.3)
     fig.legend(loc="lower center", ncol=4, fontsize=8)
-    fig.suptitle(f"Yardstick: quality vs speed-up ({report['images']} digits, {report['steps']} DDIM steps)")
+    fig.suptitle(f"Yardstick ({report.get('arch', 'sd1')}): quality vs speed-up ({report['images']} digits, "
+                 f"{report['steps']} sampling steps)")
     fig.tight_layout(rect=(0, 0.2, 1, 1))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=100)
@@ -235,15 +272,19 @@ def write_plot(path: str, report: Dict[str, Any]) -> None:
 
 
 def add_arguments(parser: Any) -> None:
+    parser.add_argument("--arch", choices=M.ARCHS, default="sd1",
+                        help="the yardstick model: sd1 (the digits UNet, default) or sd3 (the SD3-shaped transformer)")
+    parser.add_argument("--cache", choices=["fbc", "taylorseer"], default=None,
+                        help="also run diffusers' step cache alone and stacked under each setting")
     parser.add_argument("--images", type=int, default=64, help="samples per setting (labels 0-9 in turn)")
     parser.add_argument("--chunk", type=int, default=16, help="images per sampling call (x2 with guidance)")
-    parser.add_argument("--steps", type=int, default=sampling.STEPS, help="DDIM steps")
+    parser.add_argument("--steps", type=int, default=sampling.STEPS, help="sampling steps (DDIM for sd1, Euler for sd3)")
     parser.add_argument("--noise-seeds", type=int, default=3, help="baseline runs from distinct noise (the noise band)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", metavar="NAMES", help="comma-separated setting names (default: all)")
     parser.add_argument("--json", metavar="PATH", default="quality-out/quality.json")
     parser.add_argument("--plot", metavar="PATH", default="quality-out/quality.png")
-    parser.add_argument("--weights", metavar="PATH", default=M.WEIGHTS)
+    parser.add_argument("--weights", metavar="PATH", default=None, help="default: the shipped file for --arch")
 
 
 def run(args: Any) -> int:
@@ -255,16 +296,21 @@ def run(args: Any) -> int:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
         if args.noise_seeds < 2:
             raise ValueError("--noise-seeds must be at least 2: the noise band needs a second baseline")
-        settings = DEFAULT_SETTINGS
+        settings = SETTINGS[args.arch]
         if args.only:
             wanted = [n.strip() for n in args.only.split(",")]
             unknown = [n for n in wanted if n not in {s.name for s in settings}]
             if unknown:
                 raise ValueError(f"--only: unknown settings {unknown}; known: {[s.name for s in settings]}")
             settings = [settings[0]] + [s for s in settings[1:] if s.name in wanted]
+        from ..bench import caches
+
+        caches.check(args.cache, "UNet2DConditionModel" if args.arch == "sd1" else "SD3Transformer2DModel",
+                     "torch", False, args.steps)
+        settings = with_cache(settings, args.cache)
         if args.plot:
             import matplotlib  # noqa: F401  (checked before the work, not after)
-        models = M.load(args.weights)
+        models = M.load(args.weights, args.arch)
     except (ValueError, FileNotFoundError, ImportError) as exc:
         print(f"tomesd quality: error: {exc}", file=sys.stderr)
         return 2
@@ -272,9 +318,11 @@ def run(args: Any) -> int:
 
     chunks = -(-args.images // args.chunk)
     with progress_bar(chunks * (len(settings) + args.noise_seeds - 1), "sampling chunks") as bar:
-        report = evaluate(settings, args.images, args.chunk, args.steps, args.noise_seeds, args.seed, models, bar.update)
-    print(f"\nyardstick: {args.images} digits per setting, {args.steps} DDIM steps, guidance {sampling.GUIDANCE}, "
-          f"batch {2 * args.chunk} per UNet call; times are sums over interleaved chunks")
+        report = evaluate(settings, args.images, args.chunk, args.steps, args.noise_seeds, args.seed, models, bar.update,
+                          args.arch)
+    sampler = "DDIM" if args.arch == "sd1" else "flow-matching Euler"
+    print(f"\nyardstick ({args.arch}): {args.images} digits per setting, {args.steps} {sampler} steps, guidance "
+          f"{sampling.GUIDANCE}, batch {2 * args.chunk} per denoiser call; times are sums over interleaved chunks")
     print(table(report))
     if args.json:
         write_json(args.json, report)
