@@ -54,6 +54,23 @@ _CONTEXT = ("encoder_hidden_states", "context")
 Plan = Any  # a TokenMerge (mode "merge") or a KVDownsample (mode "downsample"), or None
 
 
+def _refuse_step_cache_inside(module: Any) -> None:
+    """Merge mode cannot run under a diffusers hook that keeps a sub-layer's outputs across calls
+    (TaylorSeer, FasterCache, ...): inside a merging block those outputs are merged tokens, ordered by each
+    step's own matching, so extrapolating or reusing them across steps mixes unrelated tokens (the SD3
+    yardstick measured ToMe r=0.5 with TaylorSeer at 13 dB from the baseline, each alone at 23 and 26 dB).
+    Caches of whole blocks (First Block Cache) keep unmerged outputs and stack."""
+    registry = getattr(module, "_diffusers_hook", None)
+    for name, hook in (getattr(registry, "hooks", None) or {}).items():
+        if getattr(hook, "_is_stateful", False):
+            raise ValueError(
+                f"mode='merge' cannot run with diffusers' {name!r} hook on {type(module).__name__} inside a "
+                f"merging block: the cache keeps that layer's outputs across steps, and there they are merged "
+                f"tokens in each step's own order. Use mode='downsample' (every query token stays), or a cache "
+                f"of whole blocks (First Block Cache)"
+            )
+
+
 def transformer_blocks(ops: Any, root: Any) -> List[Any]:
     """The blocks of `root` whose kind ToMe knows (kinds.BLOCK_KINDS), in module order, leaving out
     those inside a temporal container (their tokens are frames)."""
@@ -244,6 +261,11 @@ class ToMePatch:
             for block in self.blocks:
                 if getattr(block, "_chunk_size", None) is not None:
                     raise ValueError(_CHUNKED_FF)
+        if self.args.mode == "merge":
+            for block in self.blocks:
+                for _, sub in self.ops.named_modules(block):
+                    if sub is not block:
+                        _refuse_step_cache_inside(sub)
 
     def install(self) -> None:
         ops = self.ops
@@ -509,6 +531,8 @@ class ToMePatch:
         merge = self._current_merge(index)
         if merge is None:
             return None
+        if not self.ops.is_compiling():
+            _refuse_step_cache_inside(module)  # a cache applied after the patch
         if rotary is not None and kwargs.get(rotary) is not None:
             kwargs = {**kwargs, rotary: tuple(merge.gather_rows(rows) for rows in kwargs[rotary])}
         if name == self.kinds[index].self_attention and kwargs.get("attention_mask") is not None:
@@ -579,6 +603,10 @@ class ToMePatch:
         merge = self._current_merge(index)
         if merge is None:
             return None
+        if not self.ops.is_compiling():
+            inner = getattr(self.blocks[index], self.kinds[index].self_attention, None)
+            if inner is not None:
+                _refuse_step_cache_inside(inner)  # a cache applied after the patch
         if position is None:
             return merge.merge_tail(output)
         return tuple(merge.merge_tail(item) if i == position else item for i, item in enumerate(output))

@@ -20,6 +20,9 @@ class Cache:
     hooks: Tuple[str, ...]  # the hook names it registers (removed by name)
     # Denoiser classes on which diffusers 0.42 itself fails with this cache, and why.
     fails_on: Dict[str, str]
+    # It keeps sub-layer outputs across steps (inside blocks): ToMe's merge mode refuses it (see
+    # adapters.hooks), so it stacks with downsampling only.
+    inside_blocks: bool = False
 
 
 def _fbc() -> Any:
@@ -44,8 +47,14 @@ CACHES: Dict[str, Cache] = {
                                            "block (context_pre_only) returns as None",
                   "UNet2DConditionModel": _UNET}),
     "taylorseer": Cache("TaylorSeer (diffusers' defaults)", _taylorseer, "apply_taylorseer_cache",
-                        ("taylorseer_cache",), {}),
+                        ("taylorseer_cache",), {}, inside_blocks=True),
 }
+
+
+def stacks_with(name: str, mode: str) -> bool:
+    """Whether cache `name` can run under a ToMe setting of `mode` (merge mode refuses caches of layer
+    outputs inside its blocks)."""
+    return mode == "downsample" or not CACHES[name].inside_blocks
 
 
 def check(name: Optional[str], model_class: str, backend: str, compile: bool, steps: int) -> None:

@@ -79,11 +79,15 @@ SETTINGS = {"sd1": DEFAULT_SETTINGS, "sd3": SD3_SETTINGS}
 
 
 def with_cache(settings: List[Setting], cache: Optional[str]) -> List[Setting]:
-    """`settings` (the baseline first), then the cache alone and stacked under each other setting."""
+    """`settings` (the baseline first), then the cache alone and stacked under each other setting it can
+    run with (merge mode refuses caches of layer outputs inside its blocks)."""
+    from ..bench.caches import stacks_with
+
     if cache is None:
         return list(settings)
     return list(settings) + [Setting(f"{cache} alone", None, cache)] + [
-        Setting(f"{s.name} + {cache}", s.kwargs, cache) for s in settings[1:]]
+        Setting(f"{s.name} + {cache}", s.kwargs, cache) for s in settings[1:]
+        if stacks_with(cache, s.kwargs.get("mode", "merge"))]
 
 
 @dataclass
