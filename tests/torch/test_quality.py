@@ -108,3 +108,61 @@ def test_quality_command_refuses_bad_input(argv, message, capsys):
     with pytest.raises(SystemExit) as done:
         main(["quality"] + argv)
     assert done.value.code == 2 and message in capsys.readouterr().err
+
+
+# ---- the SD3-shaped yardstick: joint attention over a 32x32 patch grid and the label's tokens ----
+SD3_BASE = Y.SD3_SETTINGS[0]
+# Measured on the shipped weights with SMALL: the baseline reads as its labels 40/40; exact ToMe r=0.5 lies at
+# 22.0 dB from it (SSIM 0.737), two unrelated baselines at 15.7 dB; with its unmerge broken, 11.3 dB.
+SD3_MIN_ACCURACY = 0.8  # an untrained transformer scores near chance
+SD3_EXACT_PSNR = 21.0
+
+
+@pytest.fixture(scope="module")
+def trained_sd3():
+    return M.load(arch="sd3")
+
+
+def test_sd3_yardstick_draws_digits_and_prices_tome(trained_sd3):
+    report = Y.evaluate([SD3_BASE, EXACT], models=trained_sd3, arch="sd3", **SMALL)
+    base, exact = scores(report, "baseline"), scores(report, EXACT.name)
+    assert base.accuracy >= SD3_MIN_ACCURACY, base
+    assert math.isfinite(exact.psnr) and exact.psnr < 60, exact  # ToMe moved the samples ...
+    # ... less than unrelated samples differ, and by a measured amount (see SD3_EXACT_PSNR).
+    assert exact.psnr > report["noise_band"]["unrelated"]["psnr"] + 4, (exact, report["noise_band"])
+    assert exact.psnr > SD3_EXACT_PSNR, exact
+
+
+def test_sd3_yardstick_scores_a_broken_merge_clearly_worse(trained_sd3, monkeypatch):
+    exact = scores(Y.evaluate([SD3_BASE, EXACT], models=trained_sd3, arch="sd3", **SMALL), EXACT.name)
+    broken_unmerge(monkeypatch)
+    broken = scores(Y.evaluate([SD3_BASE, EXACT], models=trained_sd3, arch="sd3", **SMALL), EXACT.name)
+    assert broken.psnr < exact.psnr - 3 and broken.ssim < exact.ssim - 0.02, (broken, exact)
+
+
+def test_quality_command_prices_a_step_cache_beside_tome_on_sd3(tmp_path, capsys):
+    from tomesd.cli import main
+
+    out_json = tmp_path / "q.json"
+    with pytest.raises(SystemExit) as done:
+        main(["quality", "--arch", "sd3", "--cache", "taylorseer", "--images", "10", "--chunk", "10", "--steps", "8",
+              "--noise-seeds", "2", "--only", "ToMe r=0.5,downsample f=2 avg", "--json", str(out_json), "--plot", ""])
+    assert done.value.code == 0
+    doc = json.loads(out_json.read_text())
+    assert doc["arch"] == "sd3"
+    rows = {r["name"]: r for r in doc["results"]}
+    # Merge mode refuses TaylorSeer (it keeps attention outputs across steps): no stacked merge row.
+    assert list(rows) == ["baseline", "ToMe r=0.5", "downsample f=2 avg", "taylorseer alone",
+                          "downsample f=2 avg + taylorseer"]
+    # The cache acts alone (it moves the samples), and stacked with downsampling both act.
+    assert math.isfinite(rows["taylorseer alone"]["psnr"])
+    stacked = rows["downsample f=2 avg + taylorseer"]["psnr"]
+    assert stacked not in (rows["downsample f=2 avg"]["psnr"], rows["taylorseer alone"]["psnr"])
+
+
+def test_quality_command_refuses_a_cache_diffusers_fails_on(capsys):
+    from tomesd.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["quality", "--arch", "sd3", "--cache", "fbc"])
+    assert done.value.code == 2 and "fails on SD3Transformer2DModel in diffusers itself" in capsys.readouterr().err
