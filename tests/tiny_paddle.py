@@ -114,3 +114,15 @@ def twin_transformer(kind: str, folder):
 
 def to_paddle(inputs: dict) -> dict:
     return {k: (paddle.to_tensor(v.numpy()) if hasattr(v, "numpy") else v) for k, v in inputs.items()}
+
+
+def assert_frameworks_agree_where_the_patch_acts(base_t, base_p, out_t, out_p, rtol: float) -> None:
+    """Per call (numpy outputs): the unpatched torch and paddle models agree first, to `rtol` of the output's
+    size; the patch moves the output by more than 100 times that; patched torch and paddle agree."""
+    import numpy as np
+
+    for bt, bp, ot, op in zip(base_t, base_p, out_t, out_p):
+        tol = rtol * np.abs(bt).max()
+        assert np.abs(bt - bp).max() < tol  # the unpatched models agree first
+        assert np.abs(ot - bt).max() > 100 * tol  # the setting acts, far beyond the tolerance
+        assert np.abs(ot - op).max() < tol
