@@ -123,8 +123,13 @@ def trained_sd3():
     return M.load(arch="sd3")
 
 
-def test_sd3_yardstick_draws_digits_and_prices_tome(trained_sd3):
-    report = Y.evaluate([SD3_BASE, EXACT], models=trained_sd3, arch="sd3", **SMALL)
+@pytest.fixture(scope="module")
+def sd3_exact(trained_sd3):
+    return Y.evaluate([SD3_BASE, EXACT], models=trained_sd3, arch="sd3", **SMALL)
+
+
+def test_sd3_yardstick_draws_digits_and_prices_tome(sd3_exact):
+    report = sd3_exact
     base, exact = scores(report, "baseline"), scores(report, EXACT.name)
     assert base.accuracy >= SD3_MIN_ACCURACY, base
     assert math.isfinite(exact.psnr) and exact.psnr < 60, exact  # ToMe moved the samples ...
@@ -133,8 +138,8 @@ def test_sd3_yardstick_draws_digits_and_prices_tome(trained_sd3):
     assert exact.psnr > SD3_EXACT_PSNR, exact
 
 
-def test_sd3_yardstick_scores_a_broken_merge_clearly_worse(trained_sd3, monkeypatch):
-    exact = scores(Y.evaluate([SD3_BASE, EXACT], models=trained_sd3, arch="sd3", **SMALL), EXACT.name)
+def test_sd3_yardstick_scores_a_broken_merge_clearly_worse(trained_sd3, sd3_exact, monkeypatch):
+    exact = scores(sd3_exact, EXACT.name)
     broken_unmerge(monkeypatch)
     broken = scores(Y.evaluate([SD3_BASE, EXACT], models=trained_sd3, arch="sd3", **SMALL), EXACT.name)
     assert broken.psnr < exact.psnr - 3 and broken.ssim < exact.ssim - 0.02, (broken, exact)
