@@ -363,7 +363,7 @@ class ToMePatch:
             call.coords = self._image_ids(module, args, kwargs, shape)
             call.ids = call.coords[0]
         elif len(shape) != self._latent_dims:
-            layout = "[B, C, H, W]" if self._latent_dims == 4 else "a video latent with frames, H and W last"
+            layout = "a latent [B, C, H, W]" if self._latent_dims == 4 else "a video latent (frames, then H and W last)"
             raise ValueError(
                 f"ToMe needs {type(module).__name__}'s '{self._latent_spec.name}' input to be {layout}, "
                 f"got shape {list(shape)}"
