@@ -259,7 +259,8 @@ class PaddleKit(_Kit):
         model.eval()
         return model
 
-    def inputs(self, config: str, batch: int, res: int, seed: int) -> Tuple[Any, ...]:
+    def inputs(self, config: str, batch: int, res: int, seed: int, frames: int = 16) -> Tuple[Any, ...]:
+        """(latent, timestep, text) of the image UNets this backend builds (`frames` is for video: none here)."""
         import numpy as np
 
         rng = np.random.RandomState(seed)
