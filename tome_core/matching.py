@@ -1,4 +1,4 @@
-"""Bipartite soft matching over a 2-D token grid, and the merge/unmerge it induces.
+"""Bipartite soft matching over a token grid (2-D, or any rank given coordinates), and the merge/unmerge it induces.
 
 A computed merge is one index map: token t of the input goes to row `rows[b, t]` of the merged
 sequence. Merging is a scatter-add over that map times the inverse row counts (a mean);
@@ -7,7 +7,7 @@ similarity order, then every dst token in grid order.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 from . import rng
 from .backend import Backend, get_backend
@@ -106,10 +106,16 @@ class TokenMerge:
             return self.unmerge(x)
         return self._xp.concat([x[:, : s - self.num_merged], self.unmerge(x[:, s - self.num_merged:])], 1)
 
-    def gather_rows(self, table: Any) -> Any:
-        """Rows [S, D] of a per-token table (rotary positions) whose last N rows are the image's:
-        the image rows become one row per merged token, its representative's."""
-        s = self._xp.shape(table)[0]
+    def gather_rows(self, table: Any, axis: int = 0) -> Any:
+        """Rows of a per-token table (rotary positions) along `axis`, whose last N rows are the image's
+        (Flux: [text + image, D]; Wan: [1, image, 1, D] with axis=1): the image rows become one row per
+        merged token, its representative's."""
+        s = self._xp.shape(table)[axis]
+        if s == self.num_tokens:
+            return self._xp.take(table, self.representatives, axis)
+        if axis != 0:
+            raise ValueError(f"a table with rows along axis {axis} must hold the image's {self.num_tokens} rows "
+                             f"alone, got {s}")
         head, image = table[: s - self.num_tokens], table[s - self.num_tokens:]
         return self._xp.concat([head, self._xp.take(image, self.representatives, 0)], 0)
 
@@ -177,41 +183,51 @@ def _match(xp: Backend, metric: Any, order: Any, position: Any, num_dst: int, r:
     return TokenMerge(xp, flat_rows, inv_counts, b, n, m, rows=flat_rows if b == 1 else None), edge_order
 
 
-def coordinate_partition(xp: Backend, rows: Any, cols: Any, sx: int, sy: int, offsets: Optional[Any]) -> Tuple[Any, Any, int]:
-    """Split tokens given by their grid coordinates (rows, cols: [N] ints on the device, any order, as
-    Flux's img_ids give them) into src and dst, with no host read and shapes fixed by N alone.
+def coordinate_partition(xp: Backend, coords: Sequence[Any], strides: Sequence[int],
+                         offsets: Optional[Any]) -> Tuple[Any, Any, int]:
+    """Split tokens given by their grid coordinates into src and dst, on a grid of any rank, with no
+    host read and shapes fixed by N alone.
 
-    One dst per complete sy-by-sx cell, at `offsets[cell]` in it (cells numbered row-major; None: the
-    top-left token), as grid_partition does. Every grid of N tokens with even sides has N // (sx*sy)
-    complete cells; for other grids the dst count must still be N // (sx*sy), so it is filled with
-    the src tokens that come last in token order (tokens outside complete cells first). Returns
-    (order, position, num_dst) as grid_partition's, plus the dst count.
+    `coords`: one [N] int tensor per axis, outermost first ((rows, cols) for an image, as Flux's img_ids
+    give them; (frames, rows, cols) for a video), tokens in any order; `strides`: the cell's extent on
+    each axis ((sy, sx); (st, sy, sx)). One dst per complete cell, at `offsets[cell]` in it (cells and
+    in-cell places numbered row-major; None: the cell's first token), as grid_partition does in 2-D.
+    Every grid of N tokens whose sides divide by their strides has N // prod(strides) complete cells; for
+    other grids the dst count must still be N // prod(strides), so it is filled with the src tokens that
+    come last in token order (tokens outside complete cells first). Returns (order, position, num_dst) as
+    grid_partition's, plus the dst count.
     """
-    n = xp.shape(rows)[0]
-    num_dst = n // (sx * sy)
-    rows = rows + xp.max_with_indices(-rows, 0)[0]  # from 0, wherever the ids start
-    cols = cols + xp.max_with_indices(-cols, 0)[0]
-    h = xp.max_with_indices(rows, 0)[0] + 1
-    w = xp.max_with_indices(cols, 0)[0] + 1
-    cells_w = w // sx
-    in_cell = xp.to_int64(rows < (h // sy) * sy) * xp.to_int64(cols < cells_w * sx)
-    cell = (rows // sy) * cells_w + cols // sx
-    place = (rows % sy) * sx + cols % sx
+    if len(coords) != len(strides) or not coords:
+        raise ValueError(f"one stride per coordinate axis: got {len(coords)} axes and strides {tuple(strides)}")
+    n = xp.shape(coords[0])[0]
+    volume = 1
+    for stride in strides:
+        volume *= stride
+    num_dst = n // volume
+    cell = place = in_cell = None
+    for axis, stride in zip(coords, strides):
+        axis = axis + xp.max_with_indices(-axis, 0)[0]  # from 0, wherever the ids start
+        cells = (xp.max_with_indices(axis, 0)[0] + 1) // stride  # complete cells along this axis
+        inside_axis = xp.to_int64(axis < cells * stride)
+        in_cell = inside_axis if in_cell is None else in_cell * inside_axis
+        cell = axis // stride if cell is None else cell * cells + axis // stride
+        place = axis % stride if place is None else place * stride + axis % stride
     if offsets is None:
-        wanted = xp.zeros([n], rows, integer=True)
-    else:  # cells beyond the table (ids that do not fill a rectangle) read cell 0 rather than out of range
+        wanted = xp.zeros([n], coords[0], integer=True)
+    else:  # cells beyond the table (ids that do not fill a box) read cell 0 rather than out of range
         inside = xp.to_int64(cell < num_dst) * in_cell
-        wanted = xp.take(offsets, xp.where(inside > 0, cell, xp.zeros([n], rows, integer=True)), 0)
+        wanted = xp.take(offsets, xp.where(inside > 0, cell, xp.zeros([n], coords[0], integer=True)), 0)
     is_dst = in_cell * xp.to_int64(xp.equal(place, wanted))
     order = xp.argsort(is_dst, 0, False)  # stable: src then dst, each in token order
     position = xp.argsort(order, 0, False)
     return order, position, num_dst
 
 
-def compute_shared_merge(xp: Backend, metric: Any, rows: Any, cols: Any, sx: int, sy: int, r: int,
+def compute_shared_merge(xp: Backend, metric: Any, coords: Sequence[Any], strides: Sequence[int], r: int,
                          offsets: Optional[Any] = None) -> Optional[TokenMerge]:
-    """One matching for the whole batch of `metric` [B, N, C], on tokens at grid coordinates (rows,
-    cols), for hosts whose per-token tables have no batch axis (Flux's rotary positions).
+    """One matching for the whole batch of `metric` [B, N, C], on tokens at grid coordinates `coords`
+    with cells of `strides` (see coordinate_partition), for hosts whose per-token tables have no batch
+    axis (Flux's and Wan's rotary positions).
 
     The batch's samples score alike: similarity is taken between tokens' unit metrics averaged over
     the batch. Each merged row has a representative token (`representatives`, [N - r]): the dst token
@@ -219,14 +235,17 @@ def compute_shared_merge(xp: Backend, metric: Any, rows: Any, cols: Any, sx: int
     tokens by taking the representative's row (TokenMerge.gather_rows).
     """
     b, n, _ = xp.shape(metric)
-    if r <= 0 or n // (sx * sy) == 0:
+    volume = 1
+    for stride in strides:
+        volume *= stride
+    if r <= 0 or n // volume == 0:
         return None
     with xp.no_grad():
         c = xp.shape(metric)[2]
         # The sum over the batch of each token's unit metric (its direction is the mean's): one scatter-add.
-        token_of = xp.arange(b * n, rows) % n
+        token_of = xp.arange(b * n, coords[0]) % n
         summed = xp.scatter_add(xp.zeros([n, c], metric), token_of, xp.reshape(xp.l2_normalize(metric, -1), [b * n, c]))
-        order, position, num_dst = coordinate_partition(xp, rows, cols, sx, sy, offsets)
+        order, position, num_dst = coordinate_partition(xp, coords, strides, offsets)
         merge, edge_order = _match(xp, xp.reshape(summed, [1, n, c]), order, position, num_dst, r)
         # A merged row stands for its dst token (where its src tokens merged in); an unmerged src row
         # for itself. Rows: the unmerged src in similarity order, then the dst in token order.

@@ -103,7 +103,7 @@ def test_flux_matching_on_coordinates_is_the_same_on_paddle(h, w):
         rows, cols = conv(ids[:, 1].long()), conv(ids[:, 2].long())
         xp = get_backend(rows)
         offsets = rng.randint(xp, rows, [h * w // 4], 4, rng.call_key(xp, 0, None))
-        merge = compute_shared_merge(xp, conv(metric), rows, cols, 2, 2, h * w // 2, offsets)
+        merge = compute_shared_merge(xp, conv(metric), (rows, cols), (2, 2), h * w // 2, offsets)
         results[name] = [np.asarray(t) for t in (merge.unmerge(merge.merge(conv(x))), merge.representatives,
                                                    merge.gather_rows(conv(table)))]
     assert np.abs(results["torch"][0] - x.numpy()).max() > 1e-1  # the merge acts

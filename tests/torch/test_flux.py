@@ -77,7 +77,7 @@ def test_merged_tokens_take_their_representatives_rotary_rows_as_placed_by_hand(
 
     def enter(m, args, kwargs):
         x = kwargs["hidden_states"]
-        state["m"] = compute_shared_merge(get_backend(x), x[:, -n:], rows, cols, 2, 2, n // 2)
+        state["m"] = compute_shared_merge(get_backend(x), x[:, -n:], (rows, cols), (2, 2), n // 2)
 
     def rotary(kwargs):
         m = state["m"]
@@ -111,7 +111,7 @@ def test_coordinate_partition_equals_the_grid_partition_on_even_grids(h, w, offs
     ids = T.flux_inputs(h=h, w=w)["img_ids"]
     cells = (h // 2) * (w // 2)
     table = rng.randint(xp, ids, [cells], 4, rng.call_key(xp, 0, None)) if offsets else None
-    by_coords = coordinate_partition(xp, ids[:, 1].long(), ids[:, 2].long(), 2, 2, table)
+    by_coords = coordinate_partition(xp, (ids[:, 1].long(), ids[:, 2].long()), (2, 2), table)
     by_grid = grid_partition(xp, ids, w, h, 2, 2, table)
     assert by_coords[2] == cells
     assert torch.equal(by_coords[0], by_grid[0]) and torch.equal(by_coords[1], by_grid[1])
@@ -121,10 +121,10 @@ def test_representatives_are_the_dst_token_of_each_merged_row_or_the_token_itsel
     xp = get_backend(torch.zeros(1))
     ids = T.flux_inputs(h=6, w=10)["img_ids"]
     metric = torch.randn(3, 60, 8, generator=torch.Generator().manual_seed(0))
-    m = compute_shared_merge(xp, metric, ids[:, 1].long(), ids[:, 2].long(), 2, 2, 30)
+    m = compute_shared_merge(xp, metric, (ids[:, 1].long(), ids[:, 2].long()), (2, 2), 30)
     rows_of = m.merge(torch.arange(60.0).reshape(1, 60, 1).expand(3, 60, 1), mode="amax")  # a row's largest id
     counts = m.merge(torch.ones(3, 60, 1), mode="sum")
-    dst = set(coordinate_partition(xp, ids[:, 1].long(), ids[:, 2].long(), 2, 2, None)[0][-15:].tolist())
+    dst = set(coordinate_partition(xp, (ids[:, 1].long(), ids[:, 2].long()), (2, 2), None)[0][-15:].tolist())
     assert m.representatives.shape == (30,) and len(set(m.representatives.tolist())) == 30
     token_row = m.unmerge(torch.arange(30.0).reshape(1, 30, 1).expand(3, 30, 1))[0, :, 0].long()
     for row, token in enumerate(m.representatives.tolist()):
@@ -281,11 +281,11 @@ def test_coordinate_partition_on_odd_grids_keeps_complete_cells_and_fills_n_over
     xp = get_backend(torch.zeros(1))
     ids = T.flux_inputs(h=h, w=w)["img_ids"]
     rows, cols = ids[:, 1].long(), ids[:, 2].long()
-    order, position, num_dst = coordinate_partition(xp, rows, cols, 2, 2, None)
+    order, position, num_dst = coordinate_partition(xp, (rows, cols), (2, 2), None)
     dst = set(order[-num_dst:].tolist())
     top_left = {r * w + c for r in range(0, h // 2 * 2, 2) for c in range(0, w // 2 * 2, 2)}
     assert num_dst == h * w // 4 and top_left <= dst  # every complete cell's dst, then fillers
     assert torch.equal(order[position], torch.arange(h * w))
     # ids that start elsewhere than 0 partition alike
-    shifted = coordinate_partition(xp, rows + 3, cols + 5, 2, 2, None)
+    shifted = coordinate_partition(xp, (rows + 3, cols + 5), (2, 2), None)
     assert torch.equal(shifted[0], order)
