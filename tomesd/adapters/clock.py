@@ -9,9 +9,10 @@ a pipeline, a `StepClock` wraps those two methods on the pipeline's scheduler in
 
 The clock is the one owner of the matches kept across steps, for every denoiser of its pipeline: it
 keeps them for one window of `reuse_steps` steps and drops them when a window or a run starts, so the
-per-call path only reads two host values, `fresh` (this step matches anew) and the kept entries; a
-compiled denoiser therefore sees two graphs, a matching step and a reusing one, and never recompiles
-after. One pipeline object runs one loop at a time (its scheduler's own state allows no more), and so
+per-call path reads one host value, whether a match is kept: the window's first call matches, every
+later call of the window reuses (the step's other calls too, as when a pipeline runs the guidance halves
+as two calls). A compiled denoiser therefore sees two graphs, a matching call and a reusing one, and never
+recompiles after. One pipeline object runs one loop at a time (its scheduler's own state allows no more), and so
 does its clock; a copy of the pipeline gets a clock of its own with nothing kept.
 """
 from __future__ import annotations
@@ -40,7 +41,6 @@ class StepClock:
 
     def _reset(self) -> None:
         self.count = 0  # steps done in this run
-        self.fresh = True  # this step's calls match anew (the first of a window of steps_reused)
         self.kept: Dict[Any, Any] = {}  # (denoiser slot, block or level) -> ((batch, h, w), TokenMerge)
 
     # ---- the scheduler's loop methods ----
@@ -51,9 +51,8 @@ class StepClock:
     def _step(self, *args: Any, **kwargs: Any) -> Any:
         out = self._call("step", args, kwargs)
         self.count += 1
-        self.fresh = self.count % self.steps_reused == 0
-        if self.fresh:
-            # Dropped on the host as a window starts, so a matching step always finds none kept
+        if self.count % self.steps_reused == 0:
+            # Dropped on the host as a window starts, so the window's first call always finds none kept
             # (one compiled graph for it, whatever the step).
             self.kept.clear()
         return out
@@ -99,7 +98,7 @@ class StepClock:
     # ---- copies keep nothing ----
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        for name in ("count", "fresh", "kept"):
+        for name in ("count", "kept"):
             state.pop(name)
         return state
 

@@ -477,12 +477,14 @@ class ToMePatch:
             return call.shared[key]
         # Kept across calls only when steps are reused (share_across_blocks alone lives within a call),
         # and never while training: there each call is a new batch of images.
-        shape = (batch, plan.h, plan.w)
+        shape = (batch, plan.h, plan.w, call.grid_thw)  # Wan: two grids of one token count are told apart
         clock = self.clock
         if clock is not None and self._steps_reused > 1 and not grad:
-            # The pipeline's loop says which step this is; the clock drops its matches as a window starts.
+            # The pipeline's loop says which step this is; the clock drops its matches as a window starts, so
+            # the window's first call matches and every later call (the step's other guidance half, as Wan's
+            # pipeline calls it, and the window's later steps) reuses, as the timestep rule does.
             entry = clock.kept.get((self.slot, key))
-            if entry is not None and not clock.fresh and entry[0] == shape:
+            if entry is not None and entry[0] == shape:
                 merge = entry[1]
             else:
                 merge = self._match(index, x, plan, call)
