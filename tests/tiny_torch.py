@@ -314,3 +314,88 @@ def video_inputs(kind: str, batch: int = 1, frames: int = 4, h: int = 16, w: int
 def run_video(model, inputs: dict) -> torch.Tensor:
     with torch.no_grad():
         return model(**inputs).sample
+
+
+# ---- Wan: a video transformer, every frame's patches in one sequence (frames x rows x columns) ----
+WAN = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+           text_dim=24, freq_dim=16, ffn_dim=48, num_layers=2, rope_max_seq_len=64)
+
+
+def wan(seed: int = 0, **overrides):
+    from diffusers import WanTransformer3DModel
+
+    return randomize_(WanTransformer3DModel(**dict(WAN, **overrides)), seed)
+
+
+def wan_inputs(batch: int = 2, frames: int = 3, h: int = 8, w: int = 8, t: float = 500.0, text: int = 6,
+               seed: int = 1) -> dict:
+    """A latent [B, C, F, H, W]: (frames, h / 2, w / 2) tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    return dict(hidden_states=torch.randn(batch, 4, frames, h, w, generator=gen), timestep=torch.full((batch,), t),
+                encoder_hidden_states=torch.randn(batch, text, 24, generator=gen))
+
+
+def run_wan(model, inputs: dict) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**inputs).sample
+
+
+def wan_pipeline(two_experts: bool = False):
+    """A tiny WanPipeline run on prompt embeddings (no umT5): the tiny Wan transformer and a tiny Wan VAE;
+    with `two_experts`, Wan 2.2's layout: a second transformer for the low-noise half of the steps."""
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                           temperal_downsample=[False, True, True], latents_mean=[0.0] * 4, latents_std=[1.0] * 4).eval()
+    extra = dict(transformer_2=wan(seed=7), boundary_ratio=0.5) if two_experts else {}
+    pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+                       transformer=wan(), **extra)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def run_wan_pipeline(pipe, steps: int = 2):
+    gen = torch.Generator().manual_seed(5)
+    embeds = torch.randn(1, 6, 24, generator=gen)
+    return pipe(prompt_embeds=embeds, negative_prompt_embeds=torch.zeros_like(embeds), num_inference_steps=steps,
+                height=64, width=64, num_frames=5, guidance_scale=3.0, output_type="np",
+                generator=torch.Generator().manual_seed(0)).frames
+
+
+# ---- CogVideoX: a video transformer with joint [text, image] attention; 1.5 patches 2 frames at once ----
+COGVIDEOX = dict(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, time_embed_dim=8,
+                 text_embed_dim=24, num_layers=2, sample_width=16, sample_height=16, sample_frames=9,
+                 max_text_seq_length=6, norm_eps=1e-5)
+
+
+def cogvideox(version: str = "1.5", seed: int = 0):
+    """CogVideoX 1.0 (frames patched one by one, sin-cos positions, no rotary) or 1.5 (2 frames per patch,
+    rotary rows given by the pipeline)."""
+    from diffusers import CogVideoXTransformer3DModel
+
+    extra = dict(patch_size_t=2, use_rotary_positional_embeddings=True) if version == "1.5" else {}
+    return randomize_(CogVideoXTransformer3DModel(**COGVIDEOX, **extra), seed)
+
+
+def cogvideox_inputs(model, batch: int = 2, frames: int = 4, h: int = 8, w: int = 8, t: float = 500.0,
+                     seed: int = 1) -> dict:
+    """A latent [B, F, C, H, W], 6 text tokens, and (1.5) the rotary rows [image tokens, D] that CogVideoX's
+    pipeline builds for the grid."""
+    from diffusers.models.embeddings import get_3d_rotary_pos_embed
+
+    gen = torch.Generator().manual_seed(seed)
+    inputs = dict(hidden_states=torch.randn(batch, frames, 4, h, w, generator=gen), timestep=torch.full((batch,), t),
+                  encoder_hidden_states=torch.randn(batch, 6, 24, generator=gen))
+    config = model.config
+    if config.use_rotary_positional_embeddings:
+        p, pt = config.patch_size, config.patch_size_t or 1
+        inputs["image_rotary_emb"] = get_3d_rotary_pos_embed(
+            embed_dim=config.attention_head_dim, crops_coords=None, grid_size=(h // p, w // p),
+            temporal_size=frames // pt, grid_type="slice", max_size=(h // p, w // p))
+    return inputs
+
+
+def run_cogvideox(model, inputs: dict) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**inputs).sample

@@ -13,7 +13,7 @@ DOWNSAMPLE_METHODS = ("nearest", "avg")
 # What each mode means by default. A field left None takes its mode's default; a field given for a
 # mode that has no use for it is refused (see ToMeArgs.__post_init__).
 _MERGE_DEFAULTS = dict(ratio=0.5, sx=2, sy=2, use_rand=True, merge_attn=True, merge_crossattn=False,
-                       merge_mlp=False, reuse_steps=1, share_across_blocks=False)
+                       merge_mlp=False, reuse_steps=1, share_across_blocks=False, st=1)
 _DOWNSAMPLE_DEFAULTS = dict(downsample_factor=2, downsample_method="nearest")
 
 
@@ -45,6 +45,10 @@ class ToMeArgs:
     # Diffusion transformers (one token grid for every block): the indices of the blocks that
     # reduce; None: every block. UNets choose by max_downsample instead.
     blocks: Optional[Tuple[int, ...]] = None
+    # Video transformers (one sequence over frames x height x width): the dst stride along time. 1: a dst
+    # in every frame's cells; 2: one dst per two frames' cell, so a frame's tokens may merge into a
+    # neighbour's. Models whose blocks see one frame refuse any other value.
+    st: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.blocks is not None:
@@ -84,7 +88,7 @@ class ToMeArgs:
     def _check_merge(self) -> None:
         if isinstance(self.ratio, bool) or not isinstance(self.ratio, (int, float)) or not 0 <= self.ratio <= 1:
             raise ValueError(f"ratio must be a number in [0, 1] (the fraction of tokens to merge away), got {self.ratio!r}")
-        for name in ("sx", "sy"):
+        for name in ("sx", "sy", "st"):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"{name} must be a positive int (the dst stride in tokens), got {value!r}")

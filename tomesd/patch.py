@@ -26,19 +26,25 @@ def apply_patch(
     reuse_steps: Optional[int] = None,
     share_across_blocks: Optional[bool] = None,
     blocks: Optional[Sequence[int]] = None,
+    st: Optional[int] = None,
 ) -> Any:
     """Patch every denoiser of `model` (UNets and ControlNets, never the VAE) to reduce the tokens
     its transformer blocks attend over.
 
     model: a diffusers or ppdiffusers pipeline, a UNet2DConditionModel / ControlNetModel /
-      MultiControlNetModel (torch or paddle), an SD3 / SD3.5 (and SD3 ControlNet), PixArt or DiT
-      transformer, or an LDM / SD v1-v2 model (`.model.diffusion_model`).
+      MultiControlNetModel (torch or paddle), a video UNet (AnimateDiff's UNetMotionModel,
+      UNet3DConditionModel, SVD's UNetSpatioTemporalConditionModel, I2VGenXLUNet), an SD3 / SD3.5 (and
+      SD3 ControlNet), PixArt or DiT transformer, a Flux transformer or ControlNet, the Wan video
+      transformer (WanTransformer3DModel), or an LDM / SD v1-v2 model (`.model.diffusion_model`).
     max_downsample: UNets: reduce in blocks downsampled at most this much from the latent (1, 2, 4,
       8). None (default): the finest level that has attention, i.e. 1 on SD1/SD2, as tomesd's
       default, and 2 on SDXL, whose full-resolution level has no attention. Every mode.
     blocks: diffusion transformers: the indices of the blocks that reduce (default None: every
       block); their blocks all see one patch grid, so max_downsample is refused there. Every mode.
       Only image tokens are ever merged or downsampled; text tokens stay whole.
+    st: video transformers (Wan), whose blocks see every frame in one sequence: the dst stride along
+      time (default 1: dst in every frame; 2: one dst per cell of 2 frames x sy x sx, so tokens may
+      merge across neighbouring frames). Refused on models whose blocks see one frame.
 
     mode="merge" (default): exact ToMe, tomesd's arguments and defaults.
       ratio (0.5): fraction of tokens merged away in each merging block.
@@ -64,7 +70,7 @@ def apply_patch(
     """
     args = ToMeArgs(
         ratio, max_downsample, sx, sy, use_rand, merge_attn, merge_crossattn, merge_mlp, seed,
-        mode, downsample_factor, downsample_method, reuse_steps, share_across_blocks, blocks,
+        mode, downsample_factor, downsample_method, reuse_steps, share_across_blocks, blocks, st,
     )
     return targets.apply(model, args)[0]
 

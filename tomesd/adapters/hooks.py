@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -43,7 +44,10 @@ from tome_core import (
     num_cells, plan_block, plan_patch_block, rng,
 )
 
-from .kinds import BLOCK_KINDS, BlockKind, block_kind, ids_input, in_temporal_container, is_video_root, patch_size
+from .kinds import (
+    BLOCK_KINDS, BlockKind, Sublayer, block_kind, ids_input, in_temporal_container, is_video_root, patch_size,
+    spacetime_patch,
+)
 
 PATCH_ATTR = "_tome_patch"
 _TOKENS = ("hidden_states", "x")
@@ -123,14 +127,16 @@ class InputSpec:
 class _Call:
     """What one call of a root computes; dropped when the call returns."""
 
-    __slots__ = ("latent_hw", "grid_hw", "coords", "ids", "timestep", "key", "draws", "finest_level", "merges",
-                 "pending", "shared", "step")
+    __slots__ = ("latent_hw", "grid_hw", "grid_thw", "coords", "ids", "timestep", "key", "draws", "finest_level",
+                 "merges", "pending", "shared", "step")
 
     def __init__(self) -> None:
         self.latent_hw: Optional[Tuple[int, int]] = None
         self.grid_hw: Optional[Tuple[int, int]] = None  # a diffusion transformer's patch grid
+        self.grid_thw: Optional[Tuple[int, int, int]] = None  # a video transformer's (frames, rows, cols)
         # Flux: (ids, N) as the root call gives them, then ((rows, cols), None) once the first block has
-        # read each image token's grid coordinates (on the device).
+        # read each image token's grid coordinates (on the device). Wan: ((frames, rows, cols), None), made
+        # by the first block from grid_thw.
         self.coords: Optional[Tuple[Any, Any]] = None
         self.ids: Any = None  # Flux: the ids tensor itself, which tells grids of one token count apart
         self.timestep: Any = None
@@ -189,8 +195,12 @@ class ToMePatch:
         # A patch grid from the latent's sides; None: a UNet (tomesd's level rule picks the blocks) or Flux.
         self.patch = None if self._ids_name is not None else patch_size(root)
         self._ids_spec = None if self._ids_name is None else InputSpec.find(root, (self._ids_name,), False)
-        self._one_grid = self.patch is not None or self._ids_name is not None  # every block sees one grid
-        self._latent_dims = 5 if is_video_root(root) else 4  # video: frames ride in the batch of the spatial blocks
+        # A video transformer's (time, height, width) patch: its blocks see every frame in one sequence.
+        self.spacetime = spacetime_patch(root)
+        # Every block sees one grid (blocks are chosen by index).
+        self._one_grid = self.patch is not None or self._ids_name is not None or self.spacetime is not None
+        # Video: a 5-D latent; in video UNets frames ride in the batch of the spatial blocks.
+        self._latent_dims = 5 if is_video_root(root) or self.spacetime is not None else 4
         self._latent_spec = InputSpec.find(root, _LATENT, first_positional=True)
         self._timestep_spec = InputSpec.find(root, _TIMESTEP, first_positional=False)
         # (block index, sub-layer name or "") -> where that module's token input arrives
@@ -229,6 +239,11 @@ class ToMePatch:
             raise ValueError(
                 f"max_downsample has no meaning on {name}: a diffusion transformer's blocks all see one "
                 f"token grid. Choose blocks by index with blocks=[...] instead"
+            )
+        if self.args.mode == "merge" and self.args.st != 1 and self.spacetime is None:
+            raise ValueError(
+                f"st (the dst stride along time) has no meaning on {name}: its blocks see one frame's tokens. It is "
+                f"for video transformers (Wan, CogVideoX), whose blocks see every frame in one sequence"
             )
         if not self._one_grid and self.args.blocks is not None:
             raise ValueError(
@@ -293,7 +308,10 @@ class ToMePatch:
                 if sub is None or not getattr(self.args, layer.flag):
                     continue
                 self._specs[(index, layer.name)] = InputSpec.find(sub, layer.tokens, first_positional=True)
-                self._hook(sub, ops.add_pre_hook, functools.partial(self._merge_input, index, layer.name, layer.rotary))
+                if layer.rotary is not None:  # by keyword, or where the signature puts it (Wan passes it by position)
+                    self._specs[(index, layer.name + ":rotary")] = (
+                        InputSpec.find(sub, (layer.rotary,), first_positional=False) or InputSpec(layer.rotary, None))
+                self._hook(sub, ops.add_pre_hook, functools.partial(self._merge_input, index, layer))
                 self._hook(sub, ops.add_post_hook, functools.partial(self._unmerge_output, index, layer.outputs))
             for span in kind.spans:
                 start, end = getattr(block, span.start, None), getattr(block, span.end, None)
@@ -339,6 +357,10 @@ class ToMePatch:
 
     def _settle(self, index: int, call: _Call, block: Any, x: Any, grad: bool) -> None:
         """Block `index`'s merge, from its input `x`; `grad`: gradients were on when the block was entered."""
+        if call.coords is None and call.grid_thw is not None:  # Wan: each token's (frame, row, col), on the device
+            f, h, w = call.grid_thw
+            token = self.ops.arange(f * h * w, x)
+            call.coords = (token // (h * w), (token // w) % h, token % w), None
         if call.coords is not None:  # the image is the block input's last N tokens (Flux: text may come first)
             ids, n = call.coords
             if n is not None:  # the first block: (rows, cols) from the ids rows (_, row, col), on the device
@@ -372,6 +394,9 @@ class ToMePatch:
             call.latent_hw = (shape[-2], shape[-1])
         if self.patch is not None:
             call.grid_hw = (shape[-2] // self.patch, shape[-1] // self.patch)
+        if self.spacetime is not None:
+            frame_axis, (pt, ph, pw) = self.spacetime
+            call.grid_thw = (shape[frame_axis] // pt, shape[-2] // ph, shape[-1] // pw)
         if self._timestep_spec is not None:
             call.timestep = self._timestep_spec.get(args, kwargs)
         if self._steps_reused > 1 and not ops.grad_enabled():  # training never reuses (see _plan_merge)
@@ -510,10 +535,11 @@ class ToMePatch:
         if call.coords is not None:
             # One matching for the batch (per-token rotary rows have no batch axis), so the random
             # pattern need not differ between guidance halves: it follows use_rand whatever the batch.
+            coords = call.coords[0]
+            strides = (args.st, args.sy, args.sx)[-len(coords):]  # (sy, sx) on an image, (st, sy, sx) on a video
             if args.use_rand:
-                offsets = self._offsets(index, x, ops.shape(x)[1] // (args.sx * args.sy), call)
-            rows, cols = call.coords[0]
-            return compute_shared_merge(ops, x, rows, cols, args.sx, args.sy, plan.r, offsets)
+                offsets = self._offsets(index, x, ops.shape(x)[1] // math.prod(strides), call)
+            return compute_shared_merge(ops, x, coords, strides, plan.r, offsets)
         if plan.use_rand:
             offsets = self._offsets(index, x, num_cells(plan.w, plan.h, args.sx, args.sy), call)
         return compute_merge(ops, x, plan.w, plan.h, args.sx, args.sy, plan.r, offsets)
@@ -529,21 +555,26 @@ class ToMePatch:
             call.draws[cells] = table
         return table[index]
 
-    def _merge_input(self, index: int, name: str, rotary: Optional[str], module: Any, args: tuple, kwargs: dict):
+    def _merge_input(self, index: int, layer: Sublayer, module: Any, args: tuple, kwargs: dict):
         merge = self._current_merge(index)
         if merge is None:
             return None
         if not self.ops.is_compiling():
             _refuse_step_cache_inside(module)  # a cache applied after the patch
-        if rotary is not None and kwargs.get(rotary) is not None:
-            kwargs = {**kwargs, rotary: tuple(merge.gather_rows(rows) for rows in kwargs[rotary])}
+        name = layer.name
+        if layer.rotary is not None:
+            spec = self._specs[(index, name + ":rotary")]
+            rows = spec.get(args, kwargs)
+            if rows is not None:
+                args, kwargs = spec.replace(args, kwargs, tuple(merge.gather_rows(t, layer.rotary_axis) for t in rows))
         if name == self.kinds[index].self_attention and kwargs.get("attention_mask") is not None:
             raise ValueError(
                 "ToMe cannot merge self-attention that is given an attention_mask (the mask addresses "
                 "unmerged tokens); call apply_patch with merge_attn=False"
             )
         spec = self._specs[(index, name)]
-        return spec.replace(args, kwargs, merge.merge(spec.get(args, kwargs)))
+        # The image tokens, or a sequence ending with them (CogVideoX's feed-forward sees [text, image]).
+        return spec.replace(args, kwargs, merge.merge_tail(spec.get(args, kwargs)))
 
     def _downsample_context(self, index: int, module: Any, args: tuple, kwargs: dict):
         down: Optional[KVDownsample] = self._current_merge(index)

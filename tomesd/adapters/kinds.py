@@ -11,11 +11,15 @@ from typing import Any, Dict, Optional, Tuple
 
 from .frameworks import class_names
 
-_FLUX_DOWNSAMPLE = (
-    "Flux rotates keys inside its attention processor after projecting them, so there is no seam between "
-    "projection and rotation where keys could be downsampled with their own positions; use mode='merge', "
-    "which merges image tokens with their rotary positions"
-)
+def _rotates_inside(model: str) -> str:
+    return (
+        f"{model} rotates keys inside its attention processor after projecting them, so there is no seam between "
+        f"projection and rotation where keys could be downsampled with their own positions; use mode='merge', "
+        f"which merges image tokens with their rotary positions"
+    )
+
+
+_FLUX_DOWNSAMPLE = _rotates_inside("Flux")
 
 
 @dataclass(frozen=True)
@@ -27,7 +31,8 @@ class Sublayer:
     flag: str  # the ToMeArgs flag that merges around it
     tokens: Tuple[str, ...] = ("hidden_states", "x")  # input names (else its first positional input)
     outputs: Tuple[int, ...] = ()  # where image tokens sit in a tuple output (those present); (): the output itself
-    rotary: Optional[str] = None  # keyword input of per-token (cos, sin) rows that follow the tokens
+    rotary: Optional[str] = None  # input of per-token (cos, sin) rows that follow the tokens
+    rotary_axis: int = 0  # the token axis of those rows (Flux: [S, D]; Wan: [1, S, 1, D])
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,31 @@ BLOCK_KINDS: Dict[str, BlockKind] = {
             spans=(Span("norm", 0, "proj_out", "merge_attn", rotary_at="attn"),),
             no_downsample=_FLUX_DOWNSAMPLE,
         ),
+        # Wan 2.1 / 2.2: self-attention over every frame's image tokens, its rotary rows [1, S, 1, D] (frame,
+        # row and column positions) applied inside the processor; cross-attention to the text (and, for
+        # image-to-video, the image embedding); the feed-forward. The block calls them positionally.
+        BlockKind(
+            "WanTransformerBlock",
+            sublayers=(Sublayer("attn1", "merge_attn", tokens=("hidden_states",), rotary="rotary_emb", rotary_axis=1),
+                       Sublayer("attn2", "merge_crossattn", tokens=("hidden_states",)),
+                       Sublayer("ffn", "merge_mlp")),
+            downsample=(),
+            no_downsample=_rotates_inside("Wan"),
+        ),
+        # CogVideoX: `attn1` is joint attention over [text, image] given the image as `hidden_states` and the
+        # text as `encoder_hidden_states`, returning (image, text); CogVideoX 1.5 / 5B rotate the image
+        # queries and keys by rows [image, D]. The feed-forward sees [text, image] joined (its last N tokens
+        # merge).
+        BlockKind(
+            "CogVideoXBlock",
+            sublayers=(Sublayer("attn1", "merge_attn", tokens=("hidden_states",), outputs=(0,),
+                                rotary="image_rotary_emb"),
+                       Sublayer("ff", "merge_mlp")),
+            downsample=(),
+            no_downsample=(
+                "CogVideoX's attention processor joins text and image tokens before projecting keys and values "
+                "(and rotates the image keys after), so no seam takes image keys alone; use mode='merge'"),
+        ),
     )
 }
 
@@ -161,6 +191,27 @@ def patch_size(root: Any) -> Optional[int]:
     if size is None:
         size = getattr(root, "patch_size", None)
     return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+
+
+def spacetime_patch(root: Any) -> Optional[Tuple[int, Tuple[int, int, int]]]:
+    """(frame axis of the latent, (time, height, width) patch size) of a video transformer whose blocks see
+    every frame's tokens in one sequence, frames outermost, then rows, then columns; or None."""
+    axis = next((_SPACETIME_ROOTS[name] for name in class_names(root) if name in _SPACETIME_ROOTS), None)
+    if axis is None:
+        return None
+    config = getattr(root, "config", None)
+    read = (lambda key: config.get(key)) if hasattr(config, "get") else (lambda key: getattr(config, key, None))
+    size = read("patch_size")
+    if isinstance(size, int):  # CogVideoX: a square spatial patch, and patch_size_t frames (1.5) or one (1.0)
+        size = (read("patch_size_t") or 1, size, size)
+    if isinstance(size, (tuple, list)) and len(size) == 3 and all(isinstance(p, int) and p > 0 for p in size):
+        return axis, tuple(size)
+    return None
+
+
+# Video transformers and the axis of frames in their latent: Wan [B, C, F, H, W] (patch (1, 2, 2)),
+# CogVideoX [B, F, C, H, W] (patch 2 per side; 1.5: 2 frames).
+_SPACETIME_ROOTS = {"WanTransformer3DModel": 2, "CogVideoXTransformer3DModel": 1}
 
 
 def ids_input(root: Any) -> Optional[str]:

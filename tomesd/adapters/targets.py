@@ -26,8 +26,8 @@ _UNSUPPORTED_ROOTS = {
 _SUPPORTED = (
     "a diffusers/ppdiffusers pipeline, a UNet2DConditionModel or ControlNetModel, a video UNet (AnimateDiff's "
     "UNetMotionModel, UNet3DConditionModel, SVD's UNetSpatioTemporalConditionModel, I2VGenXLUNet), an SD3 / SD3.5, PixArt or "
-    "DiT transformer (torch or paddle), a Flux transformer or ControlNet (torch), or an LDM / Stable Diffusion "
-    "model with .model.diffusion_model"
+    "DiT transformer (torch or paddle), a Flux transformer or ControlNet (torch), the Wan video transformer "
+    "(torch), or an LDM / Stable Diffusion model with .model.diffusion_model"
 )
 
 
