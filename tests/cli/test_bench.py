@@ -82,6 +82,7 @@ def test_modes_reuse_and_a_denoising_loop(tmp_path, capsys):
         (["--ratios", "1.5"], "each ratio must be in (0, 1)"),
         (["--ratios", "half"], "comma-separated numbers"),
         (["--res", "100"], "multiple of 8"),
+        (["--res", "128x100"], "multiple of 8"),
         (["--repeats", "0"], "--repeats must be at least 1"),
         (["--model", "/no/such/folder"], "no such folder"),
         (["--backend", "paddle"], "needs paddlepaddle and ppdiffusers"),
@@ -206,6 +207,22 @@ def test_flux_architecture_packs_its_latent_and_merges_every_block(tmp_path, cap
     # 64 pixels: an 8x8 latent packed into 4x4 tokens; 1 double block sees 16 image keys, 2 single blocks
     # see 512 text + 16 image keys each.
     assert list(rows["tome"]["tokens"].values())[0][1] < list(rows["baseline"]["tokens"].values())[0][0]
+    assert rows["tome"]["output_change"] > 0
+
+
+def test_wan_architecture_merges_its_space_time_grid_at_a_non_square_size(tmp_path, capsys):
+    """--config tiny-wan stands in for --arch wan: --res HEIGHTxWIDTH gives a 64x96 image, 9 frames give
+    (9 - 1) / 4 + 1 = 3 latent frames, so each block's self-attention sees 3 x 4 x 6 = 72 image tokens,
+    halved at r=0.5 (st=1)."""
+    out_json = tmp_path / "r.json"
+    argv = ["--config", "tiny-wan", "--res", "64x96", "--frames", "9", "--repeats", "1", "--warmup", "0",
+            "--ratios", "0.5", "--no-memory", "--json", str(out_json)]
+    assert bench(argv) == 0
+    assert "tiny Wan transformer, 9 frames at 64x96" in capsys.readouterr().out
+    doc = json.loads(out_json.read_text())
+    rows = {r["method"]: r for r in doc["results"]}
+    assert list(rows["baseline"]["tokens"].values()) == [[2 * 72, 2 * 72]]  # 2 blocks
+    assert list(rows["tome"]["tokens"].values()) == [[2 * 72, 2 * 36]]
     assert rows["tome"]["output_change"] > 0
 
 

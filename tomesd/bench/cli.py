@@ -11,7 +11,7 @@ from . import caches
 from .configs import ARCHS
 
 ARCH_NAMES = {"sd1": "sd15", "sdxl": "sdxl", "sd3": "sd3", "pixart": "pixart", "flux": "flux",
-              "animatediff": "animatediff"}
+              "animatediff": "animatediff", "wan": "wan"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,15 +19,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", choices=sorted(ARCH_NAMES), default=None,
                         help="architecture at real width, random weights: sd1 (SD1.5 UNet, the default), sdxl "
                              "(SDXL UNet), sd3 (SD3-medium transformer), pixart (PixArt-alpha 1024), flux "
-                             "(Flux.1-dev), animatediff (SD1.5 UNet with AnimateDiff's motion adapter, video); same "
-                             "as --config sd15/sdxl/sd3/pixart/flux/animatediff")
-    parser.add_argument("--frames", type=int, default=None, help="video architectures: frames per clip (default 16)")
+                             "(Flux.1-dev), animatediff (SD1.5 UNet with AnimateDiff's motion adapter, video), wan "
+                             "(Wan 2.1 T2V 1.3B transformer, video); same as --config sd15/sdxl/sd3/pixart/flux/"
+                             "animatediff/wan")
+    parser.add_argument("--frames", type=int, default=None,
+                        help="video architectures: frames per clip (default: AnimateDiff 16, Wan 17, i.e. 5 latent frames)")
     parser.add_argument("--depth", type=int, default=None,
                         help="transformers: build only this many blocks (default: all; SD3-medium 24, PixArt 28, "
                              "Flux 19 double-stream, with twice as many single-stream)")
     parser.add_argument("--config", choices=sorted(ARCHS), default="sd15",
                         help="architecture built with random weights (default: SD1.5's UNet; tiny ones for checks)")
-    parser.add_argument("--res", type=int, default=512, help="image side in pixels (latent = res/8); default 512")
+    parser.add_argument("--res", type=_resolution, default=(512, 512),
+                        help="image side in pixels (latent = res/8), or HEIGHTxWIDTH (480x832); default 512")
     parser.add_argument("--batch", type=int, default=2, help="UNet batch (2 = one image with classifier-free guidance)")
     parser.add_argument("--ratios", default="0.25,0.5,0.75", help="comma-separated ToMe ratios")
     parser.add_argument("--modes", default="merge",
@@ -114,6 +117,18 @@ def progress_bar(total: int, desc: str) -> object:
     return tqdm(total=total, desc=desc, unit="fwd", file=sys.stderr, disable=None)
 
 
+def _resolution(text: str) -> "tuple[int, int]":
+    """--res: a side (512), or height x width (480x832)."""
+    parts = text.lower().split("x")
+    try:
+        sides = [int(part) for part in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a side in pixels (512) or HEIGHTxWIDTH (480x832)") from None
+    if len(sides) not in (1, 2):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a side in pixels (512) or HEIGHTxWIDTH (480x832)")
+    return (sides[0], sides[-1])
+
+
 def _ratios(text: str) -> List[float]:
     try:
         ratios = [float(part) for part in text.split(",") if part.strip()]
@@ -149,6 +164,9 @@ def run(args: argparse.Namespace) -> int:
     from .runner import Settings, configurations, fill_memory_reductions, measure_cpu_memory, run_unet
 
     try:
+        if isinstance(args.res, int):  # given as a number (tests, callers of run())
+            args.res = (args.res, args.res)
+        height, width = args.res
         ratios = _ratios(args.ratios)
         modes = _modes(args.modes)
         reuse = _ints(args.reuse_steps, "--reuse-steps")
@@ -161,11 +179,15 @@ def run(args: argparse.Namespace) -> int:
                              "timestep on the host")
         if max(reuse) > 1 and (args.steps or 1) < 2:
             raise ValueError("--reuse-steps above 1 needs --steps N (N >= 2): reuse only shows over a denoising loop")
-        for name in ("res", "batch", "repeats"):
+        for name in ("batch", "repeats"):
             if getattr(args, name) < 1:
                 raise ValueError(f"--{name} must be at least 1")
-        if args.res % 8:
+        if min(height, width) < 1:
+            raise ValueError("--res must be at least 1")
+        if height % 8 or width % 8:
             raise ValueError("--res must be a multiple of 8 (the VAE's downsampling)")
+        if args.model is not None and height != width:
+            raise ValueError("--model generates square images: give --res as one side")
         if args.model is not None and not os.path.isdir(args.model):
             raise BadModelPath(f"--model {args.model!r}: no such folder")
         if args.compile_backend is not None and not args.compile:
@@ -179,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
             args.config = ARCH_NAMES[args.arch]
         arch = ARCHS[args.config]
         if args.frames is not None and not arch.video:
-            raise ValueError(f"--frames is for video architectures (animatediff); {arch.name} is an image model")
+            raise ValueError(f"--frames is for video architectures (animatediff, wan); {arch.name} is an image model")
         if args.frames is not None and args.frames < 1:
             raise ValueError("--frames must be at least 1")
         if arch.video and args.backend != "torch":
@@ -198,13 +220,14 @@ def run(args: argparse.Namespace) -> int:
         if arch.transformer and args.max_downsample is not None:
             raise ValueError("--max-downsample picks UNet levels; a transformer's blocks all see one token grid")
         settings = Settings(
-            backend=args.backend, config=args.config, depth=args.depth, res=args.res, batch=args.batch, ratios=tuple(ratios),
+            backend=args.backend, config=args.config, depth=args.depth, res=height, width=width if width != height else 0,
+            batch=args.batch, ratios=tuple(ratios),
             max_downsample=args.max_downsample, dtype=args.dtype, device=args.device, repeats=args.repeats,
             warmup=max(args.warmup, 0), compare=args.compare, seed=args.seed,
             compile=args.compile, compile_backend=args.compile_backend or "inductor",
             modes=tuple(modes), reuse_steps=tuple(reuse), downsample_factor=args.downsample_factor,
             downsample_method=args.downsample_method, steps=1 if args.model is not None else (args.steps or 1),
-            cache=args.cache, frames=args.frames or 16,
+            cache=args.cache, frames=args.frames or arch.frames or 16,
         )
         kit = make_kit(settings.backend, settings.device, settings.dtype)
         if settings.compile and settings.compile_backend not in kit.compile_backends():
@@ -234,7 +257,8 @@ def run(args: argparse.Namespace) -> int:
         model_name += f" ({settings.depth} of {arch.full_depth} blocks)"
     if arch.video:
         model_name += f", {settings.frames} frames"
-    print(f"{model_name}, random weights, {settings.res}x{settings.res}, batch {settings.batch}, "
+    size = f"{settings.res}x{settings.width or settings.res}"
+    print(f"{model_name}, random weights, {size}, batch {settings.batch}, "
           f"{settings.dtype} on {kit.name}/{settings.device}{compiled}; {n_configs} configurations interleaved",
           file=sys.stderr)
     notes: List[str] = []
@@ -255,7 +279,7 @@ def run(args: argparse.Namespace) -> int:
         except BadModelPath as exc:
             return _fail(str(exc))
 
-    print(f"\n{model_name} at {settings.res}x{settings.res}, batch {settings.batch}, {settings.dtype}, "
+    print(f"\n{model_name} at {size}, batch {settings.batch}, {settings.dtype}, "
           f"{kit.name} on {settings.device}{compiled}; median of {settings.repeats} "
           + (f"loops of {settings.steps} UNet calls (timesteps 999 down, per call shown)" if settings.steps > 1 else "forwards")
           + f" after {settings.warmup} warm-up")
@@ -280,7 +304,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"results: {args.json}")
     if args.plot:
         write_plot(args.plot, rows, kit.reference_name,
-                   f"{model_name} {settings.res}x{settings.res} batch {settings.batch} ({kit.name}, {settings.device})")
+                   f"{model_name} {size} batch {settings.batch} ({kit.name}, {settings.device})")
         print(f"plot: {args.plot}")
     return 0
 

@@ -66,19 +66,33 @@ TINY_MOTION_ADAPTER = dict(block_out_channels=(32, 64), motion_layers_per_block=
                            motion_norm_num_groups=8, motion_max_seq_length=32)
 
 
+# Wan 2.1 text-to-video 1.3B (480p): every frame's 2x2 patches in one sequence; its VAE packs 4 frames
+# (after the first) into one latent frame, so 17 frames are 5 latent frames.
+WAN_13B = dict(
+    patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
+    text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024,
+)
+TINY_WAN = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+                text_dim=32, freq_dim=16, ffn_dim=64, num_layers=2, rope_max_seq_len=64)
+WAN_TEXT_TOKENS = 512  # umT5's padded sequence, as Wan's pipeline passes it
+
+
 class Arch:
     """One benchmarked architecture: how to build it and call it."""
 
     def __init__(self, name: str, cls: str, config: dict, latent_channels: int, text_dim: int,
-                 pooled_dim: int = 0, depth_key: str = "", extra: str = "", motion: "dict | None" = None):
+                 pooled_dim: int = 0, depth_key: str = "", extra: str = "", motion: "dict | None" = None,
+                 frames: int = 0):
         self.name, self.cls, self.config = name, cls, config
         self.latent_channels, self.text_dim, self.pooled_dim = latent_channels, text_dim, pooled_dim
         self.depth_key, self.extra = depth_key, extra
         self.motion = motion  # video: the motion adapter added to the image UNet (AnimateDiff)
+        self.frames = frames or (16 if motion is not None else 0)  # video: the default frames per clip
 
     @property
     def video(self) -> bool:
-        return self.motion is not None
+        return self.frames > 0
 
     @property
     def transformer(self) -> bool:
@@ -112,5 +126,9 @@ ARCHS = {
     "flux": Arch("Flux.1-dev transformer", "FluxTransformer2DModel", FLUX_DEV, 16, 4096, 768, "num_layers", extra="flux"),
     "tiny-flux": Arch("tiny Flux transformer", "FluxTransformer2DModel", TINY_FLUX, 4, 32, 32, "num_layers",
                       extra="flux"),
+    "wan": Arch("Wan 2.1 T2V 1.3B transformer", "WanTransformer3DModel", WAN_13B, 16, 4096, 0, "num_layers",
+                extra="wan", frames=17),
+    "tiny-wan": Arch("tiny Wan transformer", "WanTransformer3DModel", TINY_WAN, 4, 32, 0, "num_layers", extra="wan",
+                     frames=5),
 }
 FLUX_TEXT_TOKENS = 512  # Flux-dev's T5 sequence

@@ -6,7 +6,7 @@ import contextlib
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from .configs import ARCHS, CONFIGS, FLUX_TEXT_TOKENS, TEXT_TOKENS
+from .configs import ARCHS, CONFIGS, FLUX_TEXT_TOKENS, TEXT_TOKENS, WAN_TEXT_TOKENS
 
 METHODS = ("baseline", "tome", "reference")
 
@@ -94,7 +94,7 @@ class TorchKit(_Kit):
 
         arch = ARCHS[config]
         self.torch.manual_seed(seed)
-        if arch.video:  # AnimateDiff: the image UNet with a motion adapter's modules between its blocks
+        if arch.motion is not None:  # AnimateDiff: the image UNet with a motion adapter's modules between its blocks
             model = diffusers.UNetMotionModel.from_unet2d(diffusers.UNet2DConditionModel(**arch.config),
                                                           diffusers.MotionAdapter(**arch.motion))
             with self.torch.no_grad():  # the adapter's output layers start at zero: give them weights
@@ -108,13 +108,16 @@ class TorchKit(_Kit):
             model = model.to(dtype=self.dtype)
         return model.eval()
 
-    def inputs(self, config: str, batch: int, res: int, seed: int, frames: int = 16) -> Tuple[Any, ...]:
+    def inputs(self, config: str, batch: int, res: int, seed: int, frames: int = 16,
+               width: Optional[int] = None) -> Tuple[Any, ...]:
         """(latent, timestep, text, extra keyword inputs): the timestep second, as the loop replaces it.
-        Video: a [batch, C, frames, H, W] latent and the text once per frame, as AnimateDiff's pipeline
-        repeats it."""
+        `res` is the height (and the width unless `width` is given), in pixels. Video: a [batch, C,
+        frames, H, W] latent and the text once per frame, as AnimateDiff's pipeline repeats it; Wan: its
+        VAE's (frames - 1) / 4 + 1 latent frames and the text once."""
         arch, torch = ARCHS[config], self.torch
         gen = torch.Generator().manual_seed(seed)
         latent = res // 8
+        latent_w = (width or res) // 8
         cast = lambda t: t.to(self.device, self.dtype)  # noqa: E731
         extra: Dict[str, Any] = {}
         if arch.extra == "flux":  # a packed latent: one token per 2x2 latent patch, 4x the channels
@@ -126,11 +129,14 @@ class TorchKit(_Kit):
             ids[..., 2] += torch.arange(side)[None, :]
             extra.update(img_ids=cast(ids.reshape(-1, 3)), txt_ids=cast(torch.zeros(FLUX_TEXT_TOKENS, 3)),
                          guidance=cast(torch.full((batch,), 3.5)))
+        elif arch.extra == "wan":
+            x = cast(torch.randn(batch, arch.latent_channels, (frames - 1) // 4 + 1, latent, latent_w, generator=gen))
+            c = cast(torch.randn(batch, WAN_TEXT_TOKENS, arch.text_dim, generator=gen))
         elif arch.video:
             x = cast(torch.randn(batch, arch.latent_channels, frames, latent, latent, generator=gen))
             c = cast(torch.randn(batch, TEXT_TOKENS, arch.text_dim, generator=gen)).repeat_interleave(frames, 0)
         else:
-            x = cast(torch.randn(batch, arch.latent_channels, latent, latent, generator=gen))
+            x = cast(torch.randn(batch, arch.latent_channels, latent, latent_w, generator=gen))
             c = cast(torch.randn(batch, TEXT_TOKENS, arch.text_dim, generator=gen))
         if arch.extra == "sdxl":  # pooled text and the six size/crop numbers, as SDXL pipelines pass them
             extra["added_cond_kwargs"] = {"text_embeds": cast(torch.randn(batch, arch.pooled_dim, generator=gen)),
@@ -259,13 +265,14 @@ class PaddleKit(_Kit):
         model.eval()
         return model
 
-    def inputs(self, config: str, batch: int, res: int, seed: int, frames: int = 16) -> Tuple[Any, ...]:
+    def inputs(self, config: str, batch: int, res: int, seed: int, frames: int = 16,
+               width: Optional[int] = None) -> Tuple[Any, ...]:
         """(latent, timestep, text) of the image UNets this backend builds (`frames` is for video: none here)."""
         import numpy as np
 
         rng = np.random.RandomState(seed)
         latent = res // 8
-        x = rng.standard_normal((batch, 4, latent, latent)).astype("float32")
+        x = rng.standard_normal((batch, 4, latent, (width or res) // 8)).astype("float32")
         c = rng.standard_normal((batch, TEXT_TOKENS, CONFIGS[config]["cross_attention_dim"])).astype("float32")
         cast = lambda a: self.paddle.to_tensor(a).astype(self.dtype)  # noqa: E731
         return cast(x), self.paddle.to_tensor(500), cast(c)

@@ -42,7 +42,8 @@ def main() -> None:
     config = Config(**spec["config"])
     kit = make_kit(settings.backend, settings.device, settings.dtype)
     model = kit.build(settings.config, settings.seed, settings.depth)
-    inputs = kit.inputs(settings.config, settings.batch, settings.res, settings.seed + 1, settings.frames)
+    inputs = kit.inputs(settings.config, settings.batch, settings.res, settings.seed + 1, settings.frames,
+                        settings.width or None)
     if settings.compile:  # the compiled forward's peak, after its compilation
         with kit.compile_settings(1):
             copy = kit.patched_copy(model, config, settings)

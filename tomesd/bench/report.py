@@ -43,8 +43,9 @@ def table(rows: List[Any], reference_name: str) -> str:
     lines = [head, "|" + "---|" * (8 + compiled + looped)]
     for row in rows:
         tokens = ", ".join(
-            f"L{level}: {before}->{after}" for level, (before, after) in sorted(row.tokens.items(), key=lambda kv: int(kv[0]))
-            if before != after
+            # level 0: a video transformer's sequence of every frame
+            f"{f'L{level}' if level != '0' else 'all frames'}: {before}->{after}"
+            for level, (before, after) in sorted(row.tokens.items(), key=lambda kv: int(kv[0])) if before != after
         ) or "none merged"
         saved = "-" if row.mem_reduction is None else f"{row.mem_reduction:.0%}"
         own = "-" if row.tome_fraction is None else f"{row.tome_fraction:.1%} of the UNet"

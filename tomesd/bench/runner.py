@@ -40,6 +40,7 @@ class Settings:
     steps: int = 1  # UNet calls per timed run, over distinct timesteps (a denoising loop)
     cache: Optional[str] = None  # diffusers' step cache run beside ToMe (caches.CACHES), with --steps
     frames: int = 16  # video architectures: frames per clip
+    width: int = 0  # image width in pixels; 0: res (square)
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,8 @@ def run_unet(settings: Settings, progress: Callable[[int], None] = lambda n: Non
     of the model (weights shared); a reference that cannot be compiled is left out, with a note."""
     kit = make_kit(settings.backend, settings.device, settings.dtype)
     model = kit.build(settings.config, settings.seed, settings.depth)
-    inputs = kit.inputs(settings.config, settings.batch, settings.res, settings.seed + 1, settings.frames)
+    inputs = kit.inputs(settings.config, settings.batch, settings.res, settings.seed + 1, settings.frames,
+                        settings.width or None)
     if settings.steps > 1:  # a denoising loop: one input per step, each its own timestep
         inputs = [inputs[:1] + (t,) + inputs[2:] for t in kit.timesteps(settings.steps)]
     else:
@@ -239,7 +241,8 @@ def _measure(settings: Settings, kit: Any, model: Any, loop: List[Tuple[Any, ...
         row.time_s = statistics.median(row.times_s) / len(loop)  # per UNet call
         row.tome_time_s = None if settings.compile else timer.total
         row.tokens = {level: [n // len(loop) for n in pair]  # per UNet call
-                      for level, pair in tokens_per_level(settings.res // 8, baseline_seen, counts(seen)).items()}
+                      for level, pair in tokens_per_level((settings.res // 8, (settings.width or settings.res) // 8),
+                                                                      baseline_seen, counts(seen)).items()}
         row.output_change = _relative(out, baseline_out)
         if len(loop) > 1:
             row.loop_change = statistics.fmean(_relative(o, b) for o, b in zip(outs, baseline_outs))
