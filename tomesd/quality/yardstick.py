@@ -68,6 +68,9 @@ SD3_SETTINGS = [
     Setting("ToMe r=0.5 reuse 3", dict(ratio=0.5, reuse_steps=3)),
     Setting("ToMe r=0.5 share_across_blocks", dict(ratio=0.5, share_across_blocks=True)),
     Setting("ToMe r=0.5 merge_mlp", dict(ratio=0.5, merge_mlp=True)),
+    # Lower ratios with the feed-forward merged too: the candidates for "as close as r=0.5, and faster".
+    Setting("ToMe r=0.4 merge_mlp", dict(ratio=0.4, merge_mlp=True)),
+    Setting("ToMe r=0.3 merge_mlp", dict(ratio=0.3, merge_mlp=True)),
     Setting("ToMe r=0.75 blocks 1-3", dict(ratio=0.75, blocks=[1, 2, 3])),
     Setting("downsample f=2 nearest", dict(mode="downsample")),
     Setting("downsample f=2 avg", dict(mode="downsample", downsample_method="avg")),
