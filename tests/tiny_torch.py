@@ -268,7 +268,7 @@ def run_pixart_pipeline(pipe, steps: int = 2):
 
 
 # ---- video UNets: tiny widths, the real classes; spatial blocks see one frame per batch row ----
-VIDEO_KINDS = ("animatediff", "unet3d", "svd")
+VIDEO_KINDS = ("animatediff", "unet3d", "svd", "i2vgenxl")
 UNET3D = dict(block_out_channels=(32, 32), layers_per_block=1, cross_attention_dim=32, attention_head_dim=8,
               norm_num_groups=8, down_block_types=("CrossAttnDownBlock3D", "DownBlock3D"),
               up_block_types=("UpBlock3D", "CrossAttnUpBlock3D"))
@@ -294,6 +294,9 @@ def video_unet(kind: str, seed: int = 0):
         return model.eval()
     if kind == "unet3d":
         return randomize_(diffusers.UNet3DConditionModel(**UNET3D), seed)
+    if kind == "i2vgenxl":  # UNet3D's layout with an image-conditioning path and a `transformer_in` over frames
+        return randomize_(diffusers.I2VGenXLUNet(**{k: v for k, v in UNET3D.items() if k != "attention_head_dim"},
+                                                  attention_head_dim=8, num_attention_heads=None), seed)
     return randomize_(diffusers.UNetSpatioTemporalConditionModel(**SVD), seed)
 
 
@@ -307,8 +310,12 @@ def video_inputs(kind: str, batch: int = 1, frames: int = 4, h: int = 16, w: int
                     encoder_hidden_states=torch.randn(batch, 1, 32, generator=gen),
                     added_time_ids=torch.randn(batch, 3, generator=gen))
     text = batch * frames if kind == "animatediff" else batch
-    return dict(sample=torch.randn(batch, 4, frames, h, w, generator=gen), timestep=torch.tensor(t),
-                encoder_hidden_states=torch.randn(text, 7, 32, generator=gen))
+    inputs = dict(sample=torch.randn(batch, 4, frames, h, w, generator=gen), timestep=torch.tensor(t),
+                  encoder_hidden_states=torch.randn(text, 7, 32, generator=gen))
+    if kind == "i2vgenxl":  # the first frame's latent, its image embedding, and the frame rate
+        inputs.update(image_latents=torch.randn(batch, 4, frames, h, w, generator=gen),
+                      image_embeddings=torch.randn(batch, 32, generator=gen), fps=torch.tensor([8] * batch))
+    return inputs
 
 
 def run_video(model, inputs: dict) -> torch.Tensor:
