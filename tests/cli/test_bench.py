@@ -310,6 +310,22 @@ def test_a_video_architecture_merges_spatial_blocks_per_frame(tmp_path, capsys):
     assert all(r["output_change"] > 0 for k, r in rows.items() if k[0] == "tome")
 
 
+def test_svd_architecture_merges_spatial_blocks_per_frame(tmp_path, capsys):
+    """--config tiny-svd stands in for --arch svd: a [1, frames, 8, 16, 16] latent with SVD's added time ids;
+    the spatial blocks at the finest level see each frame's 256 tokens reduced, the temporal ones are not
+    counted (they attend over frames)."""
+    out_json = tmp_path / "r.json"
+    argv = ["--config", "tiny-svd", "--res", "128", "--frames", "3", "--batch", "1", "--repeats", "1", "--warmup", "0",
+            "--ratios", "0.5", "--modes", "merge,downsample", "--no-memory", "--json", str(out_json)]
+    assert bench(argv) == 0
+    assert "tiny SVD UNet, 3 frames at 128x128" in capsys.readouterr().out
+    rows = {(r["method"], r["mode"]): r for r in json.loads(out_json.read_text())["results"]}
+    full = rows[("baseline", "merge")]["tokens"]["1"][0]
+    assert full == 3 * 256  # one down and two up spatial blocks at the top level
+    assert rows[("tome", "merge")]["tokens"]["1"] == [full, full // 2]
+    assert rows[("tome", "downsample")]["tokens"]["1"] == [full, full // 4]
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--arch", "sd1", "--frames", "8"], "for video architectures"),
     (["--arch", "animatediff", "--frames", "0"], "at least 1"),

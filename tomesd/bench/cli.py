@@ -11,7 +11,7 @@ from . import caches
 from .configs import ARCHS
 
 ARCH_NAMES = {"sd1": "sd15", "sdxl": "sdxl", "sd3": "sd3", "pixart": "pixart", "flux": "flux",
-              "animatediff": "animatediff", "wan": "wan"}
+              "animatediff": "animatediff", "svd": "svd", "wan": "wan"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,11 +19,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", choices=sorted(ARCH_NAMES), default=None,
                         help="architecture at real width, random weights: sd1 (SD1.5 UNet, the default), sdxl "
                              "(SDXL UNet), sd3 (SD3-medium transformer), pixart (PixArt-alpha 1024), flux "
-                             "(Flux.1-dev), animatediff (SD1.5 UNet with AnimateDiff's motion adapter, video), wan "
-                             "(Wan 2.1 T2V 1.3B transformer, video); same as --config sd15/sdxl/sd3/pixart/flux/"
-                             "animatediff/wan")
+                             "(Flux.1-dev), animatediff (SD1.5 UNet with AnimateDiff's motion adapter, video), svd "
+                             "(Stable Video Diffusion img2vid-xt UNet), wan (Wan 2.1 T2V 1.3B transformer, video); "
+                             "same as --config sd15/sdxl/sd3/pixart/flux/animatediff/svd/wan")
     parser.add_argument("--frames", type=int, default=None,
-                        help="video architectures: frames per clip (default: AnimateDiff 16, Wan 17, i.e. 5 latent frames)")
+                        help="video architectures: frames per clip (default: AnimateDiff 16, SVD 14, Wan 17, i.e. 5 "
+                             "latent frames)")
     parser.add_argument("--depth", type=int, default=None,
                         help="transformers: build only this many blocks (default: all; SD3-medium 24, PixArt 28, "
                              "Flux 19 double-stream, with twice as many single-stream)")
@@ -201,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
             args.config = ARCH_NAMES[args.arch]
         arch = ARCHS[args.config]
         if args.frames is not None and not arch.video:
-            raise ValueError(f"--frames is for video architectures (animatediff, wan); {arch.name} is an image model")
+            raise ValueError(f"--frames is for video architectures (animatediff, svd, wan); {arch.name} is an image model")
         if args.frames is not None and args.frames < 1:
             raise ValueError("--frames must be at least 1")
         if arch.video and args.backend != "torch":

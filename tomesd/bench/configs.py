@@ -66,6 +66,21 @@ TINY_MOTION_ADAPTER = dict(block_out_channels=(32, 64), motion_layers_per_block=
                            motion_norm_num_groups=8, motion_max_seq_length=32)
 
 
+# Stable Video Diffusion img2vid-xt's UNet: spatial blocks per frame (frames ride in the batch), each followed
+# by a temporal block over frames; the latent is [B, F, C, H, W], 4 noise channels + 4 of the image's.
+SVD_XT = dict(
+    sample_size=96, in_channels=8, out_channels=4, block_out_channels=(320, 640, 1280, 1280),
+    down_block_types=("CrossAttnDownBlockSpatioTemporal",) * 3 + ("DownBlockSpatioTemporal",),
+    up_block_types=("UpBlockSpatioTemporal",) + ("CrossAttnUpBlockSpatioTemporal",) * 3,
+    addition_time_embed_dim=256, projection_class_embeddings_input_dim=768, layers_per_block=2,
+    cross_attention_dim=1024, transformer_layers_per_block=1, num_attention_heads=(5, 10, 20, 20), num_frames=25,
+)
+TINY_SVD = dict(sample_size=16, in_channels=8, out_channels=4, block_out_channels=(32, 64),
+                down_block_types=("CrossAttnDownBlockSpatioTemporal", "DownBlockSpatioTemporal"),
+                up_block_types=("UpBlockSpatioTemporal", "CrossAttnUpBlockSpatioTemporal"), cross_attention_dim=32,
+                num_attention_heads=(2, 4), layers_per_block=1, addition_time_embed_dim=8,
+                projection_class_embeddings_input_dim=24)
+
 # Wan 2.1 text-to-video 1.3B (480p): every frame's 2x2 patches in one sequence; its VAE packs 4 frames
 # (after the first) into one latent frame, so 17 frames are 5 latent frames.
 WAN_13B = dict(
@@ -126,6 +141,8 @@ ARCHS = {
     "flux": Arch("Flux.1-dev transformer", "FluxTransformer2DModel", FLUX_DEV, 16, 4096, 768, "num_layers", extra="flux"),
     "tiny-flux": Arch("tiny Flux transformer", "FluxTransformer2DModel", TINY_FLUX, 4, 32, 32, "num_layers",
                       extra="flux"),
+    "svd": Arch("SVD img2vid-xt UNet", "UNetSpatioTemporalConditionModel", SVD_XT, 4, 1024, extra="svd", frames=14),
+    "tiny-svd": Arch("tiny SVD UNet", "UNetSpatioTemporalConditionModel", TINY_SVD, 4, 32, extra="svd", frames=3),
     "wan": Arch("Wan 2.1 T2V 1.3B transformer", "WanTransformer3DModel", WAN_13B, 16, 4096, 0, "num_layers",
                 extra="wan", frames=17),
     "tiny-wan": Arch("tiny Wan transformer", "WanTransformer3DModel", TINY_WAN, 4, 32, 0, "num_layers", extra="wan",

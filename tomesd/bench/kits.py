@@ -129,6 +129,11 @@ class TorchKit(_Kit):
             ids[..., 2] += torch.arange(side)[None, :]
             extra.update(img_ids=cast(ids.reshape(-1, 3)), txt_ids=cast(torch.zeros(FLUX_TEXT_TOKENS, 3)),
                          guidance=cast(torch.full((batch,), 3.5)))
+        elif arch.extra == "svd":  # [B, F, C, H, W]: noise and the conditioning image's latent; one image embedding
+            x = cast(torch.randn(batch, frames, 2 * arch.latent_channels, latent, latent_w, generator=gen))
+            c = cast(torch.randn(batch, 1, arch.text_dim, generator=gen))
+            # fps - 1, motion bucket id, noise augmentation strength, as SVD's pipeline passes them
+            extra["added_time_ids"] = cast(torch.tensor([[6.0, 127.0, 0.02]] * batch))
         elif arch.extra == "wan":
             x = cast(torch.randn(batch, arch.latent_channels, (frames - 1) // 4 + 1, latent, latent_w, generator=gen))
             c = cast(torch.randn(batch, WAN_TEXT_TOKENS, arch.text_dim, generator=gen))
