@@ -28,18 +28,23 @@ def test_tiny_bench_with_compare_writes_table_json_and_plot(tmp_path, capsys):
     assert bench(TINY + ["--ratios", "0.3,0.5", "--compare", "--json", str(out_json), "--plot", str(out_png)]) == 0
     printed = capsys.readouterr().out
     assert "| baseline |" in printed and "ToMe (ours) r=0.5" in printed and "tomesd 0.1.3 r=0.3" in printed
+    assert "| downsample (ours) |" in printed  # the default run shows both modes
+    assert printed.count("paid most here: ") == 1
 
     doc = json.loads(out_json.read_text())
     assert doc["schema"] == SCHEMA and doc["reference"] == "tomesd 0.1.3"
     assert doc["settings"]["ratios"] == [0.3, 0.5] and doc["settings"]["compare"] is True
     assert {"platform", "cpus", "torch", "device"} <= set(doc["machine"])
     rows = {(r["method"], r["ratio"]): r for r in doc["results"]}
-    assert set(rows) == {("baseline", None), ("tome", 0.3), ("tome", 0.5), ("reference", 0.3), ("reference", 0.5)}
+    assert set(rows) == {("baseline", None), ("tome", 0.3), ("tome", 0.5), ("tome", None), ("reference", 0.3),
+                         ("reference", 0.5)}  # ("tome", None): downsampling
+    assert doc["verdict"].startswith("paid most here: ")
     for row in rows.values():
         assert len(row["times_s"]) == 2 and row["time_s"] > 0 and row["speedup"] > 0
         assert row["peak_mem_bytes"] > 50 * 2**20 and row["mem_reduction"] is not None
     base_tokens = rows[("baseline", None)]["tokens"]
     assert base_tokens["1"][0] == base_tokens["1"][1] == 3 * 256  # three level-1 blocks of 16x16 tokens
+    assert rows[("tome", None)]["tokens"]["1"] == [768, 3 * 64]  # keys downsampled 2x per side
     for ratio in (0.3, 0.5):
         ours, ref = rows[("tome", ratio)], rows[("reference", ratio)]
         assert ours["tokens"]["1"] == [768, 3 * (256 - int(256 * ratio))]
@@ -49,6 +54,39 @@ def test_tiny_bench_with_compare_writes_table_json_and_plot(tmp_path, capsys):
         assert 0 < ref["tome_fraction"] < 1
     assert rows[("baseline", None)]["tome_time_s"] == 0
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _row(method, speedup, times, ratio=0.5, mode="merge", reuse=1, change=0.01):
+    from tomesd.bench.runner import Row
+
+    return Row(method=method, ratio=ratio, mode=mode, reuse_steps=reuse, times_s=list(times), speedup=speedup,
+               output_change=change)
+
+
+def test_the_verdict_names_the_fastest_setting_as_the_call_that_applies_it():
+    from tomesd.bench.report import verdict
+    from tomesd.bench.runner import Settings
+
+    settings = Settings(ratios=(0.25, 0.5), modes=("merge", "downsample"), reuse_steps=(1, 2), steps=2)
+    rows = [_row("baseline", 1.0, [10.0, 10.2], ratio=None), _row("tome", 1.3, [7.6, 7.7], ratio=0.25),
+            _row("tome", 1.6, [6.2, 6.3], reuse=2), _row("tome", 1.4, [7.1, 7.2], ratio=None, mode="downsample"),
+            _row("reference", 2.0, [5.0, 5.1])]  # tomesd's own: not ours to recommend
+    line = verdict(rows, "tomesd 0.1.3", settings)
+    assert line.startswith("paid most here: ToMe (ours) r=0.5 reuse 2, 1.60x")
+    assert "tomesd.apply_patch(model, ratio=0.5, reuse_steps=2)" in line and "up to 2%" in line
+    rows[2].speedup = 1.0  # now downsampling is the fastest
+    assert "tomesd.apply_patch(model, mode='downsample')" in verdict(rows, "tomesd 0.1.3", settings)
+
+
+def test_the_verdict_says_when_nothing_pays_beyond_the_noise():
+    from tomesd.bench.report import verdict
+    from tomesd.bench.runner import Settings
+
+    rows = [_row("baseline", 1.0, [10.0, 10.9], ratio=None), _row("tome", 1.05, [9.5, 9.6]),
+            _row("tome", 0.97, [10.3, 10.4], ratio=0.25)]
+    line = verdict(rows, "tomesd 0.1.3", Settings())
+    assert line.startswith("paid most here: no setting is faster than the baseline by more than this run's noise")
+    assert "(9% between repeats" in line and "ToMe (ours) r=0.5, ran 1.05x" in line
 
 
 def test_modes_reuse_and_a_denoising_loop(tmp_path, capsys):

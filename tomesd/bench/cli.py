@@ -34,9 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="image side in pixels (latent = res/8), or HEIGHTxWIDTH (480x832); default 512")
     parser.add_argument("--batch", type=int, default=2, help="UNet batch (2 = one image with classifier-free guidance)")
     parser.add_argument("--ratios", default="0.25,0.5,0.75", help="comma-separated ToMe ratios")
-    parser.add_argument("--modes", default="merge",
+    parser.add_argument("--modes", default=None,
                         help="comma-separated: merge (ToMe, one row per ratio), merge-mlp (ToMe with merge_mlp=True, "
-                             "one row per ratio), downsample (ToDo, one row)")
+                             "one row per ratio), downsample (ToDo, one row); default merge,downsample (merge alone "
+                             "where downsampling is refused: Flux, Wan)")
     parser.add_argument("--reuse-steps", default="1", metavar="K[,K...]",
                         help="merge rows per ratio, one per K: matching reused for K denoising steps (use with --steps)")
     parser.add_argument("--downsample-factor", type=int, default=2, help="per side, with --modes downsample")
@@ -161,7 +162,7 @@ def _modes(text: str) -> List[str]:
 def run(args: argparse.Namespace) -> int:
     from .kits import MissingBackend, make_kit
     from .pipeline import BadModelPath
-    from .report import table, write_json, write_plot
+    from .report import table, verdict, write_json, write_plot
     from .runner import Settings, configurations, fill_memory_reductions, measure_cpu_memory, run_unet
 
     try:
@@ -169,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
             args.res = (args.res, args.res)
         height, width = args.res
         ratios = _ratios(args.ratios)
-        modes = _modes(args.modes)
+        modes = _modes(args.modes or "merge,downsample")
         reuse = _ints(args.reuse_steps, "--reuse-steps")
         if args.steps is not None and args.steps < 1:
             raise ValueError("--steps must be at least 1")
@@ -201,6 +202,11 @@ def run(args: argparse.Namespace) -> int:
         if args.arch is not None:
             args.config = ARCH_NAMES[args.arch]
         arch = ARCHS[args.config]
+        if not arch.downsample and "downsample" in modes:
+            if args.modes is not None:
+                raise ValueError(f"--modes downsample: {arch.name} refuses mode='downsample' (its processor rotates "
+                                 f"keys after projecting them); use merge or merge-mlp")
+            modes.remove("downsample")
         if args.frames is not None and not arch.video:
             raise ValueError(f"--frames is for video architectures (animatediff, svd, wan); {arch.name} is an image model")
         if args.frames is not None and args.frames < 1:
@@ -285,6 +291,7 @@ def run(args: argparse.Namespace) -> int:
           + (f"loops of {settings.steps} UNet calls (timesteps 999 down, per call shown)" if settings.steps > 1 else "forwards")
           + f" after {settings.warmup} warm-up")
     print(table(rows, kit.reference_name))
+    print(verdict(rows, kit.reference_name, settings))
     for note in notes:
         print(f"note: {note}")
     if settings.compile:

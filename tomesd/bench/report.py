@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 from dataclasses import asdict
 from typing import Any, Dict, List, Optional
 
@@ -30,6 +31,42 @@ def label(row: Any, reference_name: str) -> str:
         name = f"ToMe (ours) r={row.ratio:g}" + (f" reuse {row.reuse_steps}" if row.reuse_steps > 1 else "")
         name += " merge_mlp" if row.mode == "merge-mlp" else ""
     return name if cache is None else f"{name} + {cache}"
+
+
+# apply_patch's defaults: arguments equal to them are left out of the printed call.
+_DEFAULTS = dict(max_downsample=None, seed=0, reuse_steps=1, merge_mlp=False, downsample_factor=2,
+                 downsample_method="nearest")
+
+
+def spread(rows: List[Any]) -> Optional[float]:
+    """This run's noise: the largest relative spread (max - min over the median) of any configuration's
+    timed repeats; None with fewer than two repeats."""
+    spreads = [(max(r.times_s) - min(r.times_s)) / statistics.median(r.times_s) for r in rows if len(r.times_s) >= 2]
+    return max(spreads) if spreads else None
+
+
+def verdict(rows: List[Any], reference_name: str, settings: Any) -> str:
+    """One line: the setting of ours that paid most in this run, as the call that applies it, or that none
+    paid more than the run's noise."""
+    from .runner import Config
+
+    ours = [r for r in rows if r.method == "tome" or (r.method == "baseline" and getattr(r, "cache", None))]
+    if not ours:
+        return "paid most here: nothing to compare (only the baseline ran)"
+    best = max(ours, key=lambda r: r.speedup)
+    noise = spread(rows)
+    noise_text = "unknown with one repeat" if noise is None else f"{noise:.0%}"
+    if noise is not None and best.speedup - 1 <= noise:
+        return (f"paid most here: no setting is faster than the baseline by more than this run's noise "
+                f"({noise_text} between repeats; the fastest, {label(best, reference_name)}, ran {best.speedup:.2f}x)")
+    kwargs = Config(best.method, best.ratio, best.mode, best.reuse_steps).patch_kwargs(settings) \
+        if best.method == "tome" else {}
+    args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items() if _DEFAULTS.get(k, object()) != v)
+    call = f"tomesd.apply_patch(model{', ' + args if args else ''})" if best.method == "tome" else "no ToMe patch"
+    cache = getattr(best, "cache", None)
+    with_cache = f" with diffusers' {cache} cache" if cache else ""
+    return (f"paid most here: {label(best, reference_name)}, {best.speedup:.2f}x ({call}{with_cache}; output "
+            f"change {best.output_change:.3f}; repeats differed by up to {noise_text})")
 
 
 def table(rows: List[Any], reference_name: str) -> str:
@@ -79,6 +116,7 @@ def write_json(path: str, settings: Any, rows: List[Any], kit: Any, pipeline: Op
         "settings": asdict(settings),
         "reference": kit.reference_name,
         "results": [asdict(row) for row in rows],
+        "verdict": verdict(rows, kit.reference_name, settings),
     }
     if pipeline is not None:
         doc["pipeline"] = pipeline
