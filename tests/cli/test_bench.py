@@ -135,6 +135,69 @@ def test_bad_input_gets_a_clear_error(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def _ssim_by_hand(a, b):
+    """SSIM of two [H, W, 3] images in [0, 1] (Wang et al. 2004: Gaussian window of 11 taps, sigma 1.5, k1 0.01,
+    k2 0.03; the image mirrored at its borders), averaged over every pixel and channel."""
+    import numpy as np
+    from scipy.ndimage import gaussian_filter
+
+    def blur(x):
+        return gaussian_filter(x, sigma=1.5, truncate=5 / 1.5, mode="mirror")
+
+    c1, c2 = 0.01 ** 2, 0.03 ** 2
+    values = []
+    for ch in range(3):
+        x, y = a[..., ch], b[..., ch]
+        mx, my = blur(x), blur(y)
+        vx, vy, cxy = blur(x * x) - mx ** 2, blur(y * y) - my ** 2, blur(x * y) - mx * my
+        values.append(((2 * mx * my + c1) * (2 * cxy + c2)) / ((mx ** 2 + my ** 2 + c1) * (vx + vy + c2)))
+    return float(np.mean(values))
+
+
+def test_model_closeness_equals_psnr_and_ssim_by_hand_of_the_saved_images(tmp_path, capsys):
+    """Every setting of the bench runs on the pipeline (merge, merge with reuse, downsampling), over two
+    prompts x two seeds; its PSNR and SSIM against the baseline equal those computed by hand from the images
+    in the saved grid, and the floor is the baseline against itself from other noise."""
+    import numpy as np
+    from PIL import Image
+
+    import tiny_torch as T
+
+    folder = tmp_path / "pipe"
+    T.sd_pipeline(tmp_path).save_pretrained(folder)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a cat\n\na red house by the sea\n")
+    grid, out_json, plot = tmp_path / "grid.png", tmp_path / "r.json", tmp_path / "c.png"
+    argv = ["--config", "tiny", "--res", "32", "--ratios", "0.5", "--modes", "merge,downsample", "--reuse-steps",
+            "1,2", "--repeats", "1", "--warmup", "0", "--no-memory", "--prompts", str(prompts), "--seeds", "2",
+            "--model", str(folder), "--steps", "3", "--grid", str(grid), "--json", str(out_json),
+            "--closeness-plot", str(plot)]
+    assert bench(argv) == 0
+    printed = capsys.readouterr().out
+    doc = json.loads(out_json.read_text())["pipeline"]
+    names = [r["name"] for r in doc["runs"]]
+    assert names == ["baseline", "ToMe (ours) r=0.5", "ToMe (ours) r=0.5 reuse 2", "downsample (ours)"]
+    assert doc["prompts"] == ["a cat", "a red house by the sea"] and doc["seeds"] == [0, 1]
+    with Image.open(grid) as image:
+        pixels = np.asarray(image.convert("RGB"), dtype=np.float64) / 255.0
+    cell = lambda col, row: pixels[20 + 32 * row: 20 + 32 * (row + 1), 32 * col: 32 * (col + 1)]  # noqa: E731
+    assert pixels.shape == (20 + 4 * 32, 5 * 32, 3)  # 4 settings and the floor, 4 images each
+
+    def by_hand(col):
+        psnr = [10 * np.log10(1.0 / np.mean((cell(col, r) - cell(0, r)) ** 2)) for r in range(4)]
+        return float(np.mean(psnr)), float(np.mean([_ssim_by_hand(cell(col, r), cell(0, r)) for r in range(4)]))
+
+    for col, run in enumerate(doc["runs"][1:], start=1):
+        psnr, ssim = by_hand(col)
+        assert abs(run["psnr"] - psnr) < 1e-4 and abs(run["ssim"] - ssim) < 1e-6, run["name"]
+        assert run["psnr"] < 60  # every setting moved the images
+    floor_psnr, floor_ssim = by_hand(4)
+    assert abs(doc["floor"]["psnr"] - floor_psnr) < 1e-4 and abs(doc["floor"]["ssim"] - floor_ssim) < 1e-6
+    assert doc["runs"][1]["psnr"] > doc["floor"]["psnr"]  # r=0.5 stays closer than other noise
+    assert "baseline from other noise (the floor)" in printed and "LPIPS" in doc["metrics"]
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_model_folder_without_a_pipeline_is_refused(tmp_path, capsys):
     assert bench(TINY + ["--no-memory", "--model", str(tmp_path)]) == 2
     assert "model_index.json" in capsys.readouterr().err
@@ -179,21 +242,24 @@ def test_model_path_runs_the_pipeline_and_writes_a_grid(tmp_path, capsys, monkey
     monkeypatch.setattr(StableDiffusionPipeline, "__call__", spy_call)
 
     grid, out_json = tmp_path / "grid.png", tmp_path / "r.json"
-    argv = ["--config", "tiny", "--res", "32", "--ratios", "0.5", "--repeats", "1", "--warmup", "0", "--no-memory",
-            "--dtype", "bfloat16", "--device", "cpu",
-            "--model", str(folder), "--steps", "3", "--grid", str(grid), "--json", str(out_json)]
+    argv = ["--config", "tiny", "--res", "32", "--ratios", "0.5", "--modes", "merge", "--repeats", "1", "--warmup", "0",
+            "--no-memory", "--dtype", "bfloat16", "--device", "cpu", "--prompt", "a cat", "--seeds", "1",
+            "--model", str(folder), "--steps", "3", "--grid", str(grid), "--json", str(out_json),
+            "--closeness-plot", str(tmp_path / "c.png")]
     assert bench(argv) == 0
     from PIL import Image
 
     with Image.open(grid) as image:
-        assert image.size == (2 * 32, 32 + 20)  # baseline and ToMe side by side, with labels
+        assert image.size == (3 * 32, 32 + 20)  # baseline, ToMe and the baseline from other noise, with labels
     assert loads == [{"torch_dtype": torch.bfloat16}]
     assert len(moves) == 1 and torch.device(*moves[0][0]) == torch.device("cpu")
     bf16 = torch.bfloat16
-    # each configuration: an untimed 2-step warm-up, then the timed 3-step generation
-    assert calls == [(2, bf16, 2, 256), (3, bf16, 3, 256), (2, bf16, 2, 128), (3, bf16, 3, 128)]  # 16x16 latent
+    # each configuration: an untimed 2-step warm-up, then the timed 3-step generation; then the floor's
+    # unpatched generation from other noise
+    assert calls == [(2, bf16, 2, 256), (3, bf16, 3, 256), (2, bf16, 2, 128), (3, bf16, 3, 128), (3, bf16, 3, 256)]
     doc = json.loads(out_json.read_text())["pipeline"]
-    assert [r["name"] for r in doc["runs"]] == ["baseline", "ToMe r=0.5"] and all(r["time_s"] > 0 for r in doc["runs"])
+    assert [r["name"] for r in doc["runs"]] == ["baseline", "ToMe (ours) r=0.5"]
+    assert all(r["time_s"] > 0 for r in doc["runs"])
     assert (doc["dtype"], doc["device"], doc["warmup_steps"], doc["steps"]) == ("bfloat16", "cpu", 2, 3)
     assert "image grid" in capsys.readouterr().out
 

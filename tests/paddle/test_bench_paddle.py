@@ -71,10 +71,12 @@ def test_paddle_model_path_loads_in_dtype_and_warms_up(tmp_path, capsys, monkeyp
     out_json = tmp_path / "r.json"
     argv = ["--backend", "paddle", "--config", "tiny", "--res", "32", "--ratios", "0.5", "--repeats", "1", "--warmup",
             "0", "--no-memory", "--model", str(folder), "--steps", "3", "--grid", str(tmp_path / "grid.png"),
-            "--json", str(out_json)]
+            "--json", str(out_json), "--prompt", "a cat", "--seeds", "1", "--closeness-plot", str(tmp_path / "c.png")]
     assert run(parser.parse_args(argv)) == 0
     assert loads == [{"paddle_dtype": paddle.float32}]
-    assert calls == [(2, 2), (3, 3), (2, 2), (3, 3)]  # per configuration: a 2-step warm-up, then the timed run
+    # per configuration (baseline, merge, downsample): a 2-step warm-up, then the timed run; then the floor
+    assert calls == [(2, 2), (3, 3)] * 3 + [(3, 3)]
     doc = json.loads(out_json.read_text())["pipeline"]
     assert (doc["library"], doc["dtype"], doc["device"], doc["warmup_steps"]) == ("ppdiffusers", "float32", "cpu", 2)
-    assert [r["name"] for r in doc["runs"]] == ["baseline", "ToMe r=0.5"]
+    assert [r["name"] for r in doc["runs"]] == ["baseline", "ToMe (ours) r=0.5", "downsample (ours)"]
+    assert all(r["psnr"] > doc["floor"]["psnr"] for r in doc["runs"][1:])  # closer than the baseline from other noise

@@ -55,8 +55,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", metavar="PATH", help="write a PNG of speed-up and memory saved vs ratio")
     parser.add_argument("--no-memory", action="store_true", help="skip the CPU peak-memory probes (one process each)")
     parser.add_argument("--model", metavar="PATH",
-                        help="a local diffusers/ppdiffusers pipeline folder: generate with and without ToMe")
-    parser.add_argument("--prompt", default="a photograph of an astronaut riding a horse")
+                        help="a local diffusers/ppdiffusers pipeline folder: generate under every setting (the same "
+                             "--modes, --ratios, --reuse-steps, --downsample-* options) and report time per image and "
+                             "closeness to the unpatched images")
+    parser.add_argument("--prompt", default=None, help="with --model: one prompt (instead of the built-in three)")
+    parser.add_argument("--prompts", metavar="FILE", default=None,
+                        help="with --model: one prompt per line (default: three built-in prompts)")
+    parser.add_argument("--seeds", type=int, default=2, help="with --model: seeds per prompt (default 2)")
+    parser.add_argument("--closeness-plot", metavar="PATH", default="bench-out/closeness.png",
+                        help="with --model: PSNR against speed-up, one point per setting")
     parser.add_argument("--steps", type=int, default=None,
                         help="time a loop of N UNet calls over distinct timesteps per configuration (default 1); "
                              "with --model: denoising steps (default 20)")
@@ -86,6 +93,8 @@ def missing_dependencies(args: argparse.Namespace) -> List[str]:
         needs.append(("matplotlib", "--plot", "matplotlib"))
     if args.model is not None:
         needs.append(("PIL", "--model (for its image grid)", "pillow"))
+        needs.append(("torchmetrics", "--model (PSNR and SSIM)", "torchmetrics"))
+        needs.append(("matplotlib", "--model (its closeness plot)", "matplotlib"))
     missing = []
     for module, option, package in needs:
         try:
@@ -188,6 +197,17 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--res must be at least 1")
         if height % 8 or width % 8:
             raise ValueError("--res must be a multiple of 8 (the VAE's downsampling)")
+        if args.model is not None:
+            from .pipeline import read_prompts
+
+            if args.prompt is not None and args.prompts is not None:
+                raise ValueError("give --prompt or --prompts, not both")
+            prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts)
+            if args.seeds < 1:
+                raise ValueError("--seeds must be at least 1")
+            if args.compare or args.cache or args.compile:
+                raise ValueError("--model runs our settings on the pipeline; --compare, --cache and --compile go "
+                                 "with the UNet bench alone")
         if args.model is not None and height != width:
             raise ValueError("--model generates square images: give --res as one side")
         if args.model is not None and not os.path.isdir(args.model):
@@ -280,11 +300,14 @@ def run(args: argparse.Namespace) -> int:
     if args.model is not None:
         from . import pipeline as pipeline_mod
 
+        configs = [c for c in configurations(settings) if c.method in ("baseline", "tome") and c.cache is None]
         try:
-            pipeline = pipeline_mod.run(args.model, kit, ratios, args.prompt, args.steps or 20,
-                                        settings.res, settings.seed, args.grid)
+            pipeline = pipeline_mod.run(args.model, kit, configs, settings, prompts, args.seeds, args.steps or 20,
+                                        settings.res, args.grid)
         except BadModelPath as exc:
             return _fail(str(exc))
+        pipeline_mod.write_closeness_plot(pipeline, args.closeness_plot)
+        pipeline["closeness_plot"] = os.path.abspath(args.closeness_plot)
 
     print(f"\n{model_name} at {size}, batch {settings.batch}, {settings.dtype}, "
           f"{kit.name} on {settings.device}{compiled}; median of {settings.repeats} "
@@ -303,10 +326,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"{settings.cache}: diffusers' {caches.CACHES[settings.cache].title}, fresh for each timed loop; "
               f"output change is that of the loop's last call")
     if pipeline is not None:
-        print(f"\npipeline {pipeline['model']} ({pipeline['steps']} steps, {pipeline['dtype']} on {pipeline['device']}, "
-              f"after a {pipeline['warmup_steps']}-step warm-up each): image grid {pipeline['grid']}")
-        for entry in pipeline["runs"]:
-            print(f"  {entry['name']:<12} {entry['time_s']:.2f} s  {entry['speedup']:.2f}x")
+        n_images = len(pipeline["prompts"]) * len(pipeline["seeds"])
+        print(f"\npipeline {pipeline['model']}: {len(pipeline['prompts'])} prompts x {len(pipeline['seeds'])} seeds, "
+              f"{pipeline['steps']} steps at {pipeline['res']}x{pipeline['res']}, {pipeline['dtype']} on {pipeline['device']}; "
+              f"each setting after a {pipeline['warmup_steps']}-step warm-up, its {n_images} images from the "
+              f"baseline's noise")
+        print(pipeline_mod.closeness_table(pipeline))
+        print(f"closeness: {pipeline['metrics']}")
+        print(f"image grid: {pipeline['grid']}; closeness plot: {pipeline['closeness_plot']}")
     if args.json:
         write_json(args.json, settings, rows, kit, pipeline, notes)
         print(f"results: {args.json}")
