@@ -1,5 +1,6 @@
 """`python -m tomesd bench` (the benchmark), `python -m tomesd quality` (what each setting costs in quality,
-on the project's yardstick) and `python -m tomesd demo` (what ToMe merges, at a glance)."""
+on the project's yardstick), `python -m tomesd tune` (the fastest setting that keeps the images close, on
+this machine) and `python -m tomesd demo` (what ToMe merges, at a glance)."""
 from __future__ import annotations
 
 import argparse
@@ -54,6 +55,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     from .quality import yardstick
 
     yardstick.add_arguments(sub.add_parser("quality", help="price each setting's quality on the built-in digits yardstick"))
+    from . import tune
+
+    tune.add_arguments(sub.add_parser("tune", help="find the fastest setting on this machine (and, with --model, "
+                                                   "your weights) that keeps the images close"))
     d = sub.add_parser("demo", help="patch a built-in SD1.5-architecture UNet and print what merged")
     d.add_argument("--res", type=int, default=256, help="image side in pixels (latent = res/8)")
     d.add_argument("--ratio", type=float, default=0.5)
@@ -65,4 +70,6 @@ def main(argv: Optional[List[str]] = None) -> None:
         sys.exit(run(args))
     if args.command == "quality":
         sys.exit(yardstick.run(args))
+    if args.command == "tune":
+        sys.exit(tune.run(args))
     demo(args.res, args.ratio, args.batch, args.seed, args.config)

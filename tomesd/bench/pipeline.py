@@ -61,6 +61,11 @@ def load(path: str, kit: Any) -> Any:
     return DiffusionPipeline.from_pretrained(path, paddle_dtype=getattr(kit.paddle, kit.dtype))
 
 
+def as_array(images: List[Any]) -> np.ndarray:
+    """PIL images as one [N, H, W, 3] float array in [0, 1]."""
+    return np.stack([np.asarray(image.convert("RGB"), dtype=np.float64) / 255.0 for image in images])
+
+
 def closeness(images: np.ndarray, reference: np.ndarray) -> Dict[str, float]:
     """PSNR (dB) and SSIM of images [N, H, W, 3] in [0, 1] against the reference images, each the mean
     over the N pairs (torchmetrics: 11-pixel Gaussian window SSIM, PSNR over the whole image)."""
@@ -118,7 +123,6 @@ def run(path: str, kit: Any, configs: List[Any], settings: Any, prompts: List[st
                 tomesd.remove_patch(pipe)
         runs.append({"name": label(cfg, ""), "kwargs": kwargs, "time_s": per_image, "images": images})
     floor_images = [generate(prompt, seed + FLOOR_SEED_OFFSET, steps) for prompt, seed in jobs]
-    as_array = lambda images: np.stack([np.asarray(i.convert("RGB"), dtype=np.float64) / 255.0 for i in images])  # noqa: E731
     base = as_array(runs[0]["images"])
     floor = closeness(as_array(floor_images), base)
     for entry in runs:
