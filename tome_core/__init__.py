@@ -2,13 +2,13 @@
 from .backend import Backend, get_backend, register_backend
 from . import rng
 from .matching import (
-    MERGE_MODES, TokenMerge, bipartite_soft_matching_random2d, compute_merge, compute_shared_merge, coordinate_partition,
-    do_nothing, grid_partition, num_cells,
+    MERGE_MODES, Matching, TokenMerge, bipartite_soft_matching_random2d, compute_merge, compute_merges,
+    compute_shared_merge, compute_shared_merges, coordinate_partition, do_nothing, grid_partition, num_cells,
 )
 from .downsample import KVDownsample, compute_downsample
 from .rng import DEFAULT_SEED
 from .schedule import (
-    DOWNSAMPLE_METHODS, MODES, BlockPlan, ToMeArgs, block_grid, downsample_level, plan_block, plan_patch_block,
+    DOWNSAMPLE_METHODS, MODES, SITES, BlockPlan, ToMeArgs, block_grid, downsample_level, plan_block, plan_patch_block,
 )
 
 __all__ = [
@@ -17,15 +17,19 @@ __all__ = [
     "DEFAULT_SEED",
     "DOWNSAMPLE_METHODS",
     "KVDownsample",
+    "Matching",
     "MODES",
     "MERGE_MODES",
+    "SITES",
     "ToMeArgs",
     "TokenMerge",
     "bipartite_soft_matching_random2d",
     "block_grid",
     "compute_downsample",
     "compute_merge",
+    "compute_merges",
     "compute_shared_merge",
+    "compute_shared_merges",
     "coordinate_partition",
     "do_nothing",
     "downsample_level",

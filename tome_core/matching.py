@@ -7,7 +7,7 @@ similarity order, then every dst token in grid order.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from . import rng
 from .backend import Backend, get_backend
@@ -160,27 +160,69 @@ def compute_merge(
         return _match(xp, metric, order, position, num_cells(w, h, sx, sy), r)[0]
 
 
-def _match(xp: Backend, metric: Any, order: Any, position: Any, num_dst: int, r: int) -> Tuple[TokenMerge, Any]:
-    """The bipartite matching of a partition (order: src token ids, then dst ones; position: its
-    inverse). Returns the merge and edge_order (src positions, most similar first)."""
+def compute_merges(xp: Backend, metric: Any, w: int, h: int, sx: int, sy: int, rs: Sequence[int],
+                   offsets: Optional[Any] = None) -> Optional[Dict[int, TokenMerge]]:
+    """compute_merge for several r at once, from one matching: {r: merge} (None when nothing merges).
+    Each merge equals compute_merge's for its r."""
     b, n, _ = xp.shape(metric)
-    num_src = n - num_dst
-    r = min(r, num_src)
-    unit = xp.take(xp.l2_normalize(metric, -1), order, 1)  # src tokens, then dst tokens
-    scores = xp.matmul_transposed(unit[:, :num_src], unit[:, num_src:])
-    node_max, node_idx = xp.max_with_indices(scores, -1)  # best dst for each src
-    edge_order = xp.argsort(node_max, -1, True)  # src positions, most similar first
-    rank = xp.argsort(edge_order, -1, False)  # each src's place in that order
+    if max(rs) <= 0:
+        return None
+    if n != h * w:
+        raise ValueError(f"metric has {n} tokens but the grid is {h}x{w} = {h * w}")
+    if h // sy == 0 or w // sx == 0:
+        return None
+    with xp.no_grad():
+        order, position = grid_partition(xp, metric, w, h, sx, sy, offsets)
+        matching = Matching(xp, metric, order, position, num_cells(w, h, sx, sy))
+        return {r: matching.merge(r) for r in sorted(set(rs)) if r > 0}
 
-    num_unm = num_src - r
-    src_rows = xp.where(rank < r, node_idx + num_unm, rank - r)
-    dst_rows = xp.broadcast_to(xp.reshape(xp.arange(num_dst, metric) + num_unm, [1, num_dst]), [b, num_dst])
-    rows = xp.take(xp.concat([src_rows, dst_rows], 1), position, 1)  # [B, N]
 
-    m = n - r
-    flat_rows = xp.reshape(rows + xp.reshape(xp.arange(b * m, metric, step=m), [b, 1]), [b * n])
-    inv_counts = xp.reshape(1.0 / xp.counts(flat_rows, b * m), [b, m, 1])
-    return TokenMerge(xp, flat_rows, inv_counts, b, n, m, rows=flat_rows if b == 1 else None), edge_order
+class Matching:
+    """The bipartite matching of a partition (order: src token ids, then dst ones; position: its inverse):
+    each src token's best dst and its place in the most-similar-first order. Merging r tokens takes the
+    first r edges of that order, so one matching serves every r (per-site ratios share it)."""
+
+    def __init__(self, xp: Backend, metric: Any, order: Any, position: Any, num_dst: int):
+        b, n, _ = xp.shape(metric)
+        self.xp, self.b, self.n, self.num_dst, self.num_src = xp, b, n, num_dst, n - num_dst
+        self.order, self.position, self.like = order, position, metric
+        unit = xp.take(xp.l2_normalize(metric, -1), order, 1)  # src tokens, then dst tokens
+        scores = xp.matmul_transposed(unit[:, :self.num_src], unit[:, self.num_src:])
+        node_max, self.node_idx = xp.max_with_indices(scores, -1)  # best dst for each src
+        self.edge_order = xp.argsort(node_max, -1, True)  # src positions, most similar first
+        self.rank = xp.argsort(self.edge_order, -1, False)  # each src's place in that order
+
+    def merge(self, r: int) -> TokenMerge:
+        """The merge of the r most similar src tokens into their dst (r is capped at the src count)."""
+        xp, b, n, num_dst = self.xp, self.b, self.n, self.num_dst
+        r = min(r, self.num_src)
+        num_unm = self.num_src - r
+        src_rows = xp.where(self.rank < r, self.node_idx + num_unm, self.rank - r)
+        dst_rows = xp.broadcast_to(xp.reshape(xp.arange(num_dst, self.like) + num_unm, [1, num_dst]), [b, num_dst])
+        rows = xp.take(xp.concat([src_rows, dst_rows], 1), self.position, 1)  # [B, N]
+        m = n - r
+        flat_rows = xp.reshape(rows + xp.reshape(xp.arange(b * m, self.like, step=m), [b, 1]), [b * n])
+        inv_counts = xp.reshape(1.0 / xp.counts(flat_rows, b * m), [b, m, 1])
+        return TokenMerge(xp, flat_rows, inv_counts, b, n, m, rows=flat_rows if b == 1 else None)
+
+    def shared_merge(self, r: int, batch: int) -> TokenMerge:
+        """For a matching computed on one summed metric (compute_shared_merge): the merge of r tokens, with
+        each merged row's representative token, applied to every sample of a batch of `batch`."""
+        xp = self.xp
+        merge = self.merge(r)
+        # A merged row stands for its dst token (where its src tokens merged in); an unmerged src row
+        # for itself. Rows: the unmerged src in similarity order, then the dst in token order.
+        num_src = self.num_src
+        kept = num_src - min(r, num_src)
+        unmerged = xp.take(self.order, xp.reshape(self.edge_order, [num_src])[num_src - kept:], 0)
+        merge.representatives = xp.concat([unmerged, self.order[num_src:]], 0)
+        return merge.for_batch(batch)
+
+
+def _match(xp: Backend, metric: Any, order: Any, position: Any, num_dst: int, r: int) -> Tuple[TokenMerge, Any]:
+    """The merge of r tokens of a partition's matching, and edge_order (src positions, most similar first)."""
+    matching = Matching(xp, metric, order, position, num_dst)
+    return matching.merge(r), matching.edge_order
 
 
 def coordinate_partition(xp: Backend, coords: Sequence[Any], strides: Sequence[int],
@@ -234,25 +276,28 @@ def compute_shared_merge(xp: Backend, metric: Any, coords: Sequence[Any], stride
     a row's src tokens merged into, or the unmerged token itself; per-token tables follow their
     tokens by taking the representative's row (TokenMerge.gather_rows).
     """
-    b, n, _ = xp.shape(metric)
+    if r <= 0:
+        return None
+    merges = compute_shared_merges(xp, metric, coords, strides, [r], offsets)
+    return None if merges is None else merges[r]
+
+
+def compute_shared_merges(xp: Backend, metric: Any, coords: Sequence[Any], strides: Sequence[int], rs: Sequence[int],
+                          offsets: Optional[Any] = None) -> Optional[Dict[int, TokenMerge]]:
+    """compute_shared_merge for several r at once, from one matching: {r: merge} (None when nothing merges)."""
+    b, n, c = xp.shape(metric)
     volume = 1
     for stride in strides:
         volume *= stride
-    if r <= 0 or n // volume == 0:
+    if max(rs) <= 0 or n // volume == 0:
         return None
     with xp.no_grad():
-        c = xp.shape(metric)[2]
         # The sum over the batch of each token's unit metric (its direction is the mean's): one scatter-add.
         token_of = xp.arange(b * n, coords[0]) % n
         summed = xp.scatter_add(xp.zeros([n, c], metric), token_of, xp.reshape(xp.l2_normalize(metric, -1), [b * n, c]))
         order, position, num_dst = coordinate_partition(xp, coords, strides, offsets)
-        merge, edge_order = _match(xp, xp.reshape(summed, [1, n, c]), order, position, num_dst, r)
-        # A merged row stands for its dst token (where its src tokens merged in); an unmerged src row
-        # for itself. Rows: the unmerged src in similarity order, then the dst in token order.
-        num_src, kept = n - num_dst, n - num_dst - min(r, n - num_dst)
-        unmerged = xp.take(order, xp.reshape(edge_order, [num_src])[num_src - kept:], 0)
-        merge.representatives = xp.concat([unmerged, order[num_src:]], 0)
-    return merge.for_batch(b)
+        matching = Matching(xp, xp.reshape(summed, [1, n, c]), order, position, num_dst)
+        return {r: matching.shared_merge(r, b) for r in sorted(set(rs)) if r > 0}
 
 
 def bipartite_soft_matching_random2d(

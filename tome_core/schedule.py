@@ -9,6 +9,8 @@ from .rng import DEFAULT_SEED
 
 
 MODES = ("merge", "downsample")
+# Where tokens merge, as per-site ratios name them, and the flag that turns each on.
+SITES = {"attn": "merge_attn", "crossattn": "merge_crossattn", "mlp": "merge_mlp"}
 DOWNSAMPLE_METHODS = ("nearest", "avg")
 # What each mode means by default. A field left None takes its mode's default; a field given for a
 # mode that has no use for it is refused (see ToMeArgs.__post_init__).
@@ -51,6 +53,8 @@ class ToMeArgs:
     st: Optional[int] = None
 
     def __post_init__(self) -> None:
+        if self.mode == "merge" and hasattr(self.ratio, "items"):
+            self._site_ratios()
         if self.blocks is not None:
             if isinstance(self.blocks, (str, bytes)) or not hasattr(self.blocks, "__iter__"):
                 raise ValueError(f"blocks must be a list of block indices or None, got {self.blocks!r}")
@@ -85,8 +89,40 @@ class ToMeArgs:
         else:
             self._check_merge()
 
+    def _site_ratios(self) -> None:
+        """ratio={"attn": 0.5, "mlp": 0.3}: each named site merges at its own ratio, the others not at all. Kept
+        as a sorted tuple of (site, ratio) pairs; the site flags follow, and a flag given against it is refused."""
+        sites = dict(self.ratio)
+        unknown = sorted(set(sites) - set(SITES))
+        if not sites or unknown:
+            raise ValueError(f"ratio as a mapping names sites among {sorted(SITES)} (e.g. {{'attn': 0.5, 'mlp': 0.3}}), "
+                             f"got {self.ratio!r}")
+        for site, value in sites.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+                raise ValueError(f"ratio[{site!r}] must be a number in [0, 1] (the fraction of tokens to merge away), "
+                                 f"got {value!r}")
+        for site, flag in SITES.items():
+            given = getattr(self, flag)
+            if given is not None and given != (site in sites):
+                raise ValueError(f"{flag}={given} contradicts ratio={self.ratio!r}: with per-site ratios, the sites "
+                                 f"named merge and the others do not; leave {flag} out")
+            object.__setattr__(self, flag, site in sites)
+        object.__setattr__(self, "ratio", tuple(sorted(sites.items())))
+
+    def site_ratio(self, flag: str) -> float:
+        """The ratio of the site a merge flag turns on (the one ratio unless per-site ratios are given)."""
+        if isinstance(self.ratio, tuple):
+            return dict(self.ratio).get({v: k for k, v in SITES.items()}[flag], 0.0)
+        return self.ratio
+
+    @property
+    def per_site(self) -> bool:
+        return isinstance(self.ratio, tuple)
+
     def _check_merge(self) -> None:
-        if isinstance(self.ratio, bool) or not isinstance(self.ratio, (int, float)) or not 0 <= self.ratio <= 1:
+        if self.per_site:
+            pass
+        elif isinstance(self.ratio, bool) or not isinstance(self.ratio, (int, float)) or not 0 <= self.ratio <= 1:
             raise ValueError(f"ratio must be a number in [0, 1] (the fraction of tokens to merge away), got {self.ratio!r}")
         for name in ("sx", "sy", "st"):
             value = getattr(self, name)
@@ -168,8 +204,16 @@ class BlockPlan:
     level: int
     w: int
     h: int
-    r: int
+    r: int  # tokens merged away (the largest site's with per-site ratios)
     use_rand: bool
+    site_r: Tuple[Tuple[str, int], ...] = ()  # per-site ratios: (merge flag, r) of each site; (): r everywhere
+
+
+def _site_r(args: "ToMeArgs", num_tokens: int) -> Tuple[int, Tuple[Tuple[str, int], ...]]:
+    if not args.per_site:
+        return int(num_tokens * args.ratio), ()
+    site_r = tuple((flag, int(num_tokens * args.site_ratio(flag))) for flag in SITES.values() if getattr(args, flag))
+    return max(r for _, r in site_r), site_r
 
 
 def plan_block(
@@ -191,13 +235,15 @@ def plan_block(
         return None
     if args.mode == "downsample":
         return BlockPlan(level=level, w=w, h=h, r=0, use_rand=False)
+    r, site_r = _site_r(args, num_tokens)
     return BlockPlan(
         level=level,
         w=w,
         h=h,
-        r=int(num_tokens * args.ratio),
+        r=r,
         # An odd batch cannot hold matching cond/uncond halves; random dst then causes artifacts.
         use_rand=args.use_rand and batch % 2 == 0,
+        site_r=site_r,
     )
 
 
@@ -212,4 +258,5 @@ def plan_patch_block(args: ToMeArgs, grid_hw: Tuple[int, int], batch: int, num_t
         return None
     if args.mode == "downsample":
         return BlockPlan(level=1, w=w, h=h, r=0, use_rand=False)
-    return BlockPlan(level=1, w=w, h=h, r=int(num_tokens * args.ratio), use_rand=args.use_rand and batch % 2 == 0)
+    r, site_r = _site_r(args, num_tokens)
+    return BlockPlan(level=1, w=w, h=h, r=r, use_rand=args.use_rand and batch % 2 == 0, site_r=site_r)

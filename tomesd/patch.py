@@ -1,7 +1,7 @@
 """tomesd's public API: apply_patch / remove_patch, for torch and paddle models alike."""
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, Union
 
 from tome_core import ToMeArgs
 
@@ -10,7 +10,7 @@ from .adapters import targets
 
 def apply_patch(
     model: Any,
-    ratio: Optional[float] = None,
+    ratio: Optional[Union[float, Mapping[str, float]]] = None,
     max_downsample: Optional[int] = None,
     sx: Optional[int] = None,
     sy: Optional[int] = None,
@@ -47,7 +47,9 @@ def apply_patch(
       merge across neighbouring frames). Refused on models whose blocks see one frame.
 
     mode="merge" (default): exact ToMe, tomesd's arguments and defaults.
-      ratio (0.5): fraction of tokens merged away in each merging block.
+      ratio (0.5): fraction of tokens merged away in each merging block; or a mapping of sites to
+      ratios, {"attn": 0.5, "crossattn": 0.3, "mlp": 0.25}: each named site merges at its own ratio
+      (one matching per block serves them all), unnamed sites do not (the merge_* flags follow).
       sx, sy (2, 2): stride of the dst grid; use_rand (True): random dst in each cell (off for odd
       batches). merge_attn (True) / merge_crossattn (False) / merge_mlp (False): where tokens merge.
       seed: the seed of the random dst pattern (default None: tome_core.DEFAULT_SEED, i.e. 0). A

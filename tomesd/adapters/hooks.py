@@ -40,8 +40,8 @@ import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from tome_core import (
-    KVDownsample, ToMeArgs, TokenMerge, block_grid, compute_downsample, compute_merge, compute_shared_merge,
-    num_cells, plan_block, plan_patch_block, rng,
+    KVDownsample, ToMeArgs, TokenMerge, block_grid, compute_downsample, compute_merge, compute_merges,
+    compute_shared_merge, compute_shared_merges, num_cells, plan_block, plan_patch_block, rng,
 )
 
 from .kinds import (
@@ -312,16 +312,19 @@ class ToMePatch:
                     self._specs[(index, layer.name + ":rotary")] = (
                         InputSpec.find(sub, (layer.rotary,), first_positional=False) or InputSpec(layer.rotary, None))
                 self._hook(sub, ops.add_pre_hook, functools.partial(self._merge_input, index, layer))
-                self._hook(sub, ops.add_post_hook, functools.partial(self._unmerge_output, index, layer.outputs))
+                self._hook(sub, ops.add_post_hook,
+                           functools.partial(self._unmerge_output, index, layer.outputs, layer.flag))
             for span in kind.spans:
                 start, end = getattr(block, span.start, None), getattr(block, span.end, None)
                 if start is None or end is None or not getattr(self.args, span.flag):
                     continue
-                self._hook(start, ops.add_post_hook, functools.partial(self._merge_output, index, span.start_output))
-                self._hook(end, ops.add_post_hook, functools.partial(self._unmerge_output, index, ()))
+                self._hook(start, ops.add_post_hook,
+                           functools.partial(self._merge_output, index, span.start_output, span.flag))
+                self._hook(end, ops.add_post_hook, functools.partial(self._unmerge_output, index, (), span.flag))
                 inner = getattr(block, span.rotary_at, None) if span.rotary_at else None
                 if inner is not None:
-                    self._hook(inner, ops.add_pre_hook, functools.partial(self._gather_rotary, index, span.rotary))
+                    self._hook(inner, ops.add_pre_hook,
+                               functools.partial(self._gather_rotary, index, span.rotary, span.flag))
         setattr(self.root, PATCH_ATTR, self)
 
     def _hook(self, module: Any, register: Any, hook: Any) -> None:
@@ -343,6 +346,12 @@ class ToMePatch:
     # ---- the call stack ----
     def _stack(self) -> List[_Call]:
         return self._traced if self.ops.is_compiling() else self._threads.stack
+
+    def _site_merge(self, index: int, flag: str) -> Optional[TokenMerge]:
+        """Block `index`'s merge for the site `flag` turns on: with per-site ratios the block holds one merge
+        per site (all from one matching), else one merge for every site."""
+        merge = self._current_merge(index)
+        return merge.get(flag) if isinstance(merge, dict) else merge
 
     def _current_merge(self, index: int) -> Plan:
         stack = self._stack()
@@ -539,9 +548,14 @@ class ToMePatch:
             strides = (args.st, args.sy, args.sx)[-len(coords):]  # (sy, sx) on an image, (st, sy, sx) on a video
             if args.use_rand:
                 offsets = self._offsets(index, x, ops.shape(x)[1] // math.prod(strides), call)
+            if plan.site_r:
+                return _per_site(plan, compute_shared_merges(ops, x, coords, strides, [r for _, r in plan.site_r], offsets))
             return compute_shared_merge(ops, x, coords, strides, plan.r, offsets)
         if plan.use_rand:
             offsets = self._offsets(index, x, num_cells(plan.w, plan.h, args.sx, args.sy), call)
+        if plan.site_r:  # per-site ratios: one matching, a merge per site
+            return _per_site(plan, compute_merges(ops, x, plan.w, plan.h, args.sx, args.sy,
+                                                  [r for _, r in plan.site_r], offsets))
         return compute_merge(ops, x, plan.w, plan.h, args.sx, args.sy, plan.r, offsets)
 
     def _offsets(self, index: int, x: Any, cells: int, call: _Call) -> Any:
@@ -556,7 +570,7 @@ class ToMePatch:
         return table[index]
 
     def _merge_input(self, index: int, layer: Sublayer, module: Any, args: tuple, kwargs: dict):
-        merge = self._current_merge(index)
+        merge = self._site_merge(index, layer.flag)
         if merge is None:
             return None
         if not self.ops.is_compiling():
@@ -619,9 +633,10 @@ class ToMePatch:
                 stack[-1].shared["projected"] = (x, small)
         return ((small,) + args[1:], kwargs) if args else (args, {**kwargs, "input": small})
 
-    def _unmerge_output(self, index: int, positions: Tuple[int, ...], module: Any, args: tuple, output: Any) -> Any:
+    def _unmerge_output(self, index: int, positions: Tuple[int, ...], flag: str, module: Any, args: tuple,
+                        output: Any) -> Any:
         """The image tokens of a sub-layer's output back to every token (the last N of a joined sequence)."""
-        merge = self._current_merge(index)
+        merge = self._site_merge(index, flag)
         if merge is None:
             return None
         if not positions:
@@ -631,9 +646,9 @@ class ToMePatch:
         return tuple(merge.unmerge(item) if i in positions and item is not None else item
                      for i, item in enumerate(output))
 
-    def _merge_output(self, index: int, position: Optional[int], module: Any, args: tuple, output: Any) -> Any:
+    def _merge_output(self, index: int, position: Optional[int], flag: str, module: Any, args: tuple, output: Any) -> Any:
         """A span's start: the image tokens (the last N) of this sub-layer's output merge."""
-        merge = self._current_merge(index)
+        merge = self._site_merge(index, flag)
         if merge is None:
             return None
         if not self.ops.is_compiling():
@@ -644,12 +659,19 @@ class ToMePatch:
             return merge.merge_tail(output)
         return tuple(merge.merge_tail(item) if i == position else item for i, item in enumerate(output))
 
-    def _gather_rotary(self, index: int, rotary: str, module: Any, args: tuple, kwargs: dict):
+    def _gather_rotary(self, index: int, rotary: str, flag: str, module: Any, args: tuple, kwargs: dict):
         """Inside a span: the attention's rotary rows follow the merged tokens."""
-        merge = self._current_merge(index)
+        merge = self._site_merge(index, flag)
         if merge is None or kwargs.get(rotary) is None:
             return None
         return args, {**kwargs, rotary: tuple(merge.gather_rows(rows) for rows in kwargs[rotary])}
+
+
+def _per_site(plan: Any, merges: Optional[Dict[int, TokenMerge]]) -> Optional[Dict[str, TokenMerge]]:
+    """{merge flag: its site's merge}; a site whose r is 0 is left out (it does not merge)."""
+    if merges is None:
+        return None
+    return {flag: merges[r] for flag, r in plan.site_r if r > 0}
 
 
 _CHUNKED_FF = (

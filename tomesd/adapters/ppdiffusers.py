@@ -33,7 +33,8 @@ def apply_tome(model_or_pipe: Any, *args: Any, **kwargs: Any) -> Any:
     uses the fixed tome_core.DEFAULT_SEED (0): deterministic, the same as on torch.
     """
     args = ToMeArgs(*args, **kwargs)  # the argument list lives once, in ToMeArgs' fields
-    if args.mode == "merge" and args.ratio >= 1 - 1 / (args.sx * args.sy):
+    largest = max(dict(args.ratio).values()) if args.per_site else args.ratio
+    if args.mode == "merge" and largest >= 1 - 1 / (args.sx * args.sy):
         raise ValueError(f"The tome ratio must be less than {1 - 1 / (args.sx * args.sy)} !")
     return targets.apply(model_or_pipe, args)[0]
 
