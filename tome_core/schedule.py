@@ -51,8 +51,13 @@ class ToMeArgs:
     # in every frame's cells; 2: one dst per two frames' cell, so a frame's tokens may merge into a
     # neighbour's. Models whose blocks see one frame refuse any other value.
     st: Optional[int] = None
+    # A ratio that changes over the denoising run (tomesd #28): ((start, ratio), ...) by the run's progress in
+    # [0, 1), the first piece starting at 0; replaces `ratio`. See ratio_at.
+    ratio_schedule: Optional[Tuple[Tuple[float, float], ...]] = None
 
     def __post_init__(self) -> None:
+        if self.ratio_schedule is not None:
+            self._check_schedule()
         if self.mode == "merge" and hasattr(self.ratio, "items"):
             self._site_ratios()
         if self.blocks is not None:
@@ -108,6 +113,37 @@ class ToMeArgs:
                                  f"named merge and the others do not; leave {flag} out")
             object.__setattr__(self, flag, site in sites)
         object.__setattr__(self, "ratio", tuple(sorted(sites.items())))
+
+    def _check_schedule(self) -> None:
+        if self.mode != "merge":
+            raise ValueError(f"ratio_schedule has no meaning with mode={self.mode!r}: it schedules merge mode's ratio")
+        if self.ratio is not None:
+            raise ValueError("give ratio or ratio_schedule, not both: the schedule gives the ratio at each step")
+        try:
+            pieces = tuple((float(start), float(value)) for start, value in self.ratio_schedule)
+        except (TypeError, ValueError):
+            raise ValueError(f"ratio_schedule must be a list of (progress, ratio) pairs such as "
+                             f"[(0.0, 0.25), (0.3, 0.5), (0.8, 0.25)], got {self.ratio_schedule!r}") from None
+        starts = [start for start, _ in pieces]
+        if not pieces or starts[0] != 0.0 or starts != sorted(set(starts)) or starts[-1] >= 1:
+            raise ValueError(f"ratio_schedule's progress points must start at 0.0 and rise within [0, 1), got "
+                             f"{self.ratio_schedule!r}")
+        if not all(0 <= value <= 1 for _, value in pieces):
+            raise ValueError(f"ratio_schedule's ratios must be numbers in [0, 1], got {self.ratio_schedule!r}")
+        if self.reuse_steps not in (None, 1):
+            raise ValueError("reuse_steps cannot go with ratio_schedule: a reused matching keeps the ratio of the "
+                             "step that made it")
+        object.__setattr__(self, "ratio_schedule", pieces)
+        object.__setattr__(self, "ratio", pieces[0][1])  # checked below as any ratio; replaced at each step
+
+    def ratio_at(self, progress: float) -> float:
+        """The scheduled ratio at `progress` (steps done over steps in the run, in [0, 1)): the last piece
+        starting at or before it."""
+        value = self.ratio_schedule[0][1]
+        for start, ratio in self.ratio_schedule:
+            if start <= progress:
+                value = ratio
+        return value
 
     def site_ratio(self, flag: str) -> float:
         """The ratio of the site a merge flag turns on (the one ratio unless per-site ratios are given)."""
@@ -209,15 +245,16 @@ class BlockPlan:
     site_r: Tuple[Tuple[str, int], ...] = ()  # per-site ratios: (merge flag, r) of each site; (): r everywhere
 
 
-def _site_r(args: "ToMeArgs", num_tokens: int) -> Tuple[int, Tuple[Tuple[str, int], ...]]:
+def _site_r(args: "ToMeArgs", num_tokens: int, ratio: Optional[float] = None) -> Tuple[int, Tuple[Tuple[str, int], ...]]:
     if not args.per_site:
-        return int(num_tokens * args.ratio), ()
+        return int(num_tokens * (args.ratio if ratio is None else ratio)), ()
     site_r = tuple((flag, int(num_tokens * args.site_ratio(flag))) for flag in SITES.values() if getattr(args, flag))
     return max(r for _, r in site_r), site_r
 
 
 def plan_block(
-    args: ToMeArgs, latent_hw: Tuple[int, int], batch: int, num_tokens: int, finest_level: int
+    args: ToMeArgs, latent_hw: Tuple[int, int], batch: int, num_tokens: int, finest_level: int,
+    ratio: Optional[float] = None,
 ) -> Optional[BlockPlan]:
     """What a block with `num_tokens` tokens gets, or None when it is left alone.
 
@@ -235,7 +272,7 @@ def plan_block(
         return None
     if args.mode == "downsample":
         return BlockPlan(level=level, w=w, h=h, r=0, use_rand=False)
-    r, site_r = _site_r(args, num_tokens)
+    r, site_r = _site_r(args, num_tokens, ratio)
     return BlockPlan(
         level=level,
         w=w,
@@ -247,7 +284,8 @@ def plan_block(
     )
 
 
-def plan_patch_block(args: ToMeArgs, grid_hw: Tuple[int, int], batch: int, num_tokens: int, index: int) -> Optional[BlockPlan]:
+def plan_patch_block(args: ToMeArgs, grid_hw: Tuple[int, int], batch: int, num_tokens: int, index: int,
+                     ratio: Optional[float] = None) -> Optional[BlockPlan]:
     """What block `index` of a diffusion transformer gets, or None when it is left alone.
 
     Every block sees the same patch grid (latent sides over the patch size), so the blocks are picked by
@@ -258,5 +296,5 @@ def plan_patch_block(args: ToMeArgs, grid_hw: Tuple[int, int], batch: int, num_t
         return None
     if args.mode == "downsample":
         return BlockPlan(level=1, w=w, h=h, r=0, use_rand=False)
-    r, site_r = _site_r(args, num_tokens)
+    r, site_r = _site_r(args, num_tokens, ratio)
     return BlockPlan(level=1, w=w, h=h, r=r, use_rand=args.use_rand and batch % 2 == 0, site_r=site_r)

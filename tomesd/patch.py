@@ -1,7 +1,7 @@
 """tomesd's public API: apply_patch / remove_patch, for torch and paddle models alike."""
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
 from tome_core import ToMeArgs
 
@@ -27,6 +27,7 @@ def apply_patch(
     share_across_blocks: Optional[bool] = None,
     blocks: Optional[Sequence[int]] = None,
     st: Optional[int] = None,
+    ratio_schedule: Optional[Sequence[Tuple[float, float]]] = None,
 ) -> Any:
     """Patch every denoiser of `model` (UNets and ControlNets, never the VAE) to reduce the tokens
     its transformer blocks attend over.
@@ -61,6 +62,10 @@ def apply_patch(
       loop counts the steps (no tensor read; compiles as two graphs). On a bare model a step is a
       distinct timestep value, read on the host once per call, eager only. Either way several
       calls in one step share it.
+      ratio_schedule: a ratio that changes over the denoising run (tomesd #28), as (progress, ratio)
+      pairs from progress 0.0: [(0.0, 0.25), (0.3, 0.5), (0.8, 0.25)] merges 0.25 in the first 30% of
+      the steps, 0.5 until 80%, then 0.25. Replaces ratio; pipelines only (their loop counts the steps
+      on the host); not with reuse_steps. A constant schedule equals exact ToMe.
       share_across_blocks (False): within a call, the first merging block of each level matches and
       the later blocks of that level reuse its matching.
     mode="downsample": token downsampling (ToDo). Self-attention takes its keys and values from the
@@ -73,6 +78,7 @@ def apply_patch(
     args = ToMeArgs(
         ratio, max_downsample, sx, sy, use_rand, merge_attn, merge_crossattn, merge_mlp, seed,
         mode, downsample_factor, downsample_method, reuse_steps, share_across_blocks, blocks, st,
+        None if ratio_schedule is None else tuple(ratio_schedule),
     )
     return targets.apply(model, args)[0]
 

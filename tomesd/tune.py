@@ -32,7 +32,7 @@ class Trial:
     kwargs: Kwargs
     speedup: float
     psnr: Optional[float] = None
-    outcome: str = ""  # kept | too far | no gain | slower than the milder one
+    outcome: str = ""  # kept | too far | no gain | no faster than the milder one
 
 
 @dataclass
@@ -47,7 +47,8 @@ class Result:
 
 def families(transformer: bool, loop: bool) -> List[Tuple[str, List[Kwargs]]]:
     """The settings tried, by family, each from mild to aggressive. UNets also try merging at the first
-    two levels; transformers the feed-forward merged too; a denoising loop (--model) reused matches."""
+    two levels; transformers the feed-forward merged too; a pipeline (--model) reused matches and a ratio
+    that rises over the run."""
     out = [("merge", [dict(ratio=r) for r in (0.25, 0.5, 0.75)])]
     if transformer:
         out.append(("merge + feed-forward", [dict(ratio=r, merge_mlp=True) for r in (0.25, 0.4, 0.5, 0.75)]))
@@ -55,6 +56,9 @@ def families(transformer: bool, loop: bool) -> List[Tuple[str, List[Kwargs]]]:
         out.append(("merge at two levels", [dict(ratio=r, max_downsample=2) for r in (0.5, 0.75)]))
     if loop:
         out.append(("merge, reused across steps", [dict(ratio=0.5, reuse_steps=k) for k in (2, 3)]))
+        # gentle while the layout forms, stronger after (tomesd #28)
+        out.append(("merge, ratio rising over the run", [dict(ratio_schedule=((0.0, 0.25), (0.5, 0.5))),
+                                                          dict(ratio_schedule=((0.0, 0.5), (0.5, 0.75)))]))
     out.append(("downsampled keys", [dict(mode="downsample", downsample_factor=f) for f in (2, 3, 4)]))
     out.append(("downsampled keys, averaged", [dict(mode="downsample", downsample_method="avg", downsample_factor=f)
                                                for f in (2, 4)]))
@@ -96,7 +100,7 @@ def search(time_once: Callable[[Optional[Kwargs]], float], psnr_of: Optional[Cal
             trial = Trial(describe(kwargs), kwargs, speedup)
             result.trials.append(trial)
             if speedup <= previous * (1 + max(noise(), MIN_GAIN)):
-                trial.outcome = "no gain" if previous == 1.0 else "slower than the milder one"
+                trial.outcome = "no gain" if previous == 1.0 else "no faster than the milder one"
                 break  # this family gains nothing more here
             if psnr_of is not None:
                 trial.psnr = psnr_of(kwargs)

@@ -30,27 +30,37 @@ def clockable(obj: Any) -> bool:
 
 
 class StepClock:
-    """Counts one pipeline's denoising steps on the host and owns the matches reused across them."""
+    """Counts one pipeline's denoising steps on the host and owns the matches reused across them; with a
+    ratio schedule, it also keeps the ratio of the current step (`ratio`), set on the host as each step
+    starts, so a compiled denoiser reads one float and sees one graph per distinct ratio."""
 
-    def __init__(self, pipeline: Any, steps_reused: int) -> None:
+    def __init__(self, pipeline: Any, steps_reused: int, schedule: Any = None) -> None:
         self.pipeline = pipeline
         self.steps_reused = steps_reused
+        self.schedule = schedule  # the patch's ToMeArgs when it has a ratio_schedule (ratio_at), else None
         self.scheduler: Any = None
         self._saved: Dict[str, Any] = {}  # the scheduler's own instance attributes we shadowed
         self._reset()
 
     def _reset(self) -> None:
         self.count = 0  # steps done in this run
+        self.total = 0  # steps in this run (the scheduler's timesteps after set_timesteps)
+        self.ratio = None if self.schedule is None else self.schedule.ratio_at(0.0)
         self.kept: Dict[Any, Any] = {}  # (denoiser slot, block or level) -> ((batch, h, w), TokenMerge)
 
     # ---- the scheduler's loop methods ----
     def _set_timesteps(self, *args: Any, **kwargs: Any) -> Any:
         self._reset()  # a new run
-        return self._call("set_timesteps", args, kwargs)
+        out = self._call("set_timesteps", args, kwargs)
+        timesteps = getattr(self.scheduler, "timesteps", None)
+        self.total = len(timesteps) if timesteps is not None else 0  # a length: no tensor value is read
+        return out
 
     def _step(self, *args: Any, **kwargs: Any) -> Any:
         out = self._call("step", args, kwargs)
         self.count += 1
+        if self.schedule is not None and self.total:
+            self.ratio = self.schedule.ratio_at(min(self.count / self.total, 1.0))
         if self.count % self.steps_reused == 0:
             # Dropped on the host as a window starts, so the window's first call always finds none kept
             # (one compiled graph for it, whatever the step).
@@ -98,7 +108,7 @@ class StepClock:
     # ---- copies keep nothing ----
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        for name in ("count", "kept"):
+        for name in ("count", "total", "ratio", "kept"):
             state.pop(name)
         return state
 

@@ -128,7 +128,7 @@ class _Call:
     """What one call of a root computes; dropped when the call returns."""
 
     __slots__ = ("latent_hw", "grid_hw", "grid_thw", "coords", "ids", "timestep", "key", "draws", "finest_level",
-                 "merges", "pending", "shared", "step")
+                 "merges", "pending", "shared", "step", "ratio")
 
     def __init__(self) -> None:
         self.latent_hw: Optional[Tuple[int, int]] = None
@@ -147,6 +147,7 @@ class _Call:
         self.pending: Dict[int, Tuple[Any, Any, bool]] = {}  # block -> (block, its input, grad mode), until used
         self.shared: Dict[tuple, Any] = {}  # per-level results every block of the call may use
         self.step: int = 0  # denoising step number (reuse_steps > 1), from the timestep's value
+        self.ratio: Optional[float] = None  # this step's ratio under a ratio_schedule (from the pipeline's clock)
 
 
 class _Reuse:
@@ -408,6 +409,10 @@ class ToMePatch:
             call.grid_thw = (shape[frame_axis] // pt, shape[-2] // ph, shape[-1] // pw)
         if self._timestep_spec is not None:
             call.timestep = self._timestep_spec.get(args, kwargs)
+        if self.clock is not None and self.clock.schedule is not None:
+            if not ops.is_compiling():
+                self.clock.follow()
+            call.ratio = self.clock.ratio  # a float set on the host as the step began
         if self._steps_reused > 1 and not ops.grad_enabled():  # training never reuses (see _plan_merge)
             if self.clock is None:
                 call.step = self._denoising_step(call.timestep)
@@ -481,16 +486,16 @@ class ToMePatch:
         ops, args = self.ops, self.args
         batch, num_tokens = ops.shape(x)[:2]
         if call.coords is not None:  # Flux: one token list, its grid given by coordinates
-            plan = plan_patch_block(args, (num_tokens, 1), batch, num_tokens, index)
+            plan = plan_patch_block(args, (num_tokens, 1), batch, num_tokens, index, call.ratio)
         elif call.grid_hw is not None:
-            plan = plan_patch_block(args, call.grid_hw, batch, num_tokens, index)
+            plan = plan_patch_block(args, call.grid_hw, batch, num_tokens, index, call.ratio)
         else:
             if call.finest_level is None:
                 grid = block_grid(call.latent_hw, num_tokens)
                 call.finest_level = None if grid is None else grid[0]
             if call.finest_level is None:
                 return None
-            plan = plan_block(args, call.latent_hw, batch, num_tokens, call.finest_level)
+            plan = plan_block(args, call.latent_hw, batch, num_tokens, call.finest_level, call.ratio)
         if plan is None:
             return None
         if args.mode == "downsample":

@@ -138,7 +138,13 @@ def apply(obj: Any, args: Any) -> Tuple[Any, List[Any]]:
     """Patch every denoiser of `obj` (replacing an earlier patch); returns (obj, patched models)."""
     patches = plan_patches(obj, args)
     # A pipeline counts its denoising steps on the host; a bare model only by its timestep's value.
-    clocked = args.steps_reused > 1 and "DiffusionPipeline" in class_names(obj) and clockable(obj)
+    scheduled = args.ratio_schedule is not None
+    clocked = (args.steps_reused > 1 or scheduled) and "DiffusionPipeline" in class_names(obj) and clockable(obj)
+    if scheduled and not clocked:
+        raise ValueError(
+            "ratio_schedule follows the denoising run's progress, which only a pipeline's loop knows on the host "
+            "(its scheduler's steps): apply the patch to the pipeline, not to a bare model"
+        )
     if args.steps_reused > 1 and not clocked and _compiled(obj):
         raise ValueError(
             "reuse_steps > 1 cannot run in a torch.compile'd bare model: telling a new denoising step from "
@@ -147,7 +153,7 @@ def apply(obj: Any, args: Any) -> Tuple[Any, List[Any]]:
         )
     remove(obj)
     if clocked:
-        clock = StepClock(obj, args.steps_reused)
+        clock = StepClock(obj, args.steps_reused, args if scheduled else None)
         clock.attach()
         for slot, patch in enumerate(patches):
             patch.clock, patch.slot = clock, slot
