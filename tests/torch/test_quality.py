@@ -136,6 +136,14 @@ def test_sd3_yardstick_draws_digits_and_prices_tome(sd3_exact):
     # ... less than unrelated samples differ, and by a measured amount (see SD3_EXACT_PSNR).
     assert exact.psnr > report["noise_band"]["unrelated"]["psnr"] + 4, (exact, report["noise_band"])
     assert exact.psnr > SD3_EXACT_PSNR, exact
+    # the verdict's resolution: the standard error of the mean per-image PSNR, by hand
+    samples = report["samples"]
+    per_image = [10 * math.log10(4.0 / float(((a - b) ** 2).mean()))  # data range 2: images in [-1, 1]
+                 for a, b in zip(samples[EXACT.name], samples["baseline"])]
+    mean = sum(per_image) / len(per_image)
+    se = (sum((p - mean) ** 2 for p in per_image) / (len(per_image) - 1)) ** 0.5 / len(per_image) ** 0.5
+    assert abs(exact.psnr_se - se) < 1e-6 * max(1.0, se) + 1e-9 and exact.above_floor is True
+    assert "resolution: at" in Y.table(report)
 
 
 def test_sd3_yardstick_scores_a_broken_merge_clearly_worse(trained_sd3, sd3_exact, monkeypatch):

@@ -18,6 +18,19 @@ def closeness(images: Any, reference: Any) -> Dict[str, float]:
     }
 
 
+def psnr_per_image(images: Any, reference: Any) -> Any:
+    """PSNR (dB) of each image against its reference, both in [-1, 1]: [N]."""
+    from torchmetrics.functional.image import peak_signal_noise_ratio
+
+    return peak_signal_noise_ratio(images, reference, data_range=2.0, reduction="none", dim=(1, 2, 3))
+
+
+def standard_error(values: Any) -> float:
+    """The standard error of the mean of per-image values: what a difference of means must exceed (about
+    twice over) to be resolved at this sample count."""
+    return float(values.double().std(unbiased=True) / len(values) ** 0.5) if len(values) > 1 else float("nan")
+
+
 def features(classifier: Any, images: Any) -> Any:
     import torch
 
