@@ -100,7 +100,7 @@ def test_search_stops_a_family_that_gets_no_faster_and_respects_the_budget():
              "mode='downsample', downsample_factor=2": 1.1, "mode='downsample', downsample_factor=3": 1.2}
     result = _table_search(speed, None)
     assert [(t.name, t.outcome) for t in result.trials][:2] == [("ratio=0.25", "kept"),
-                                                                ("ratio=0.5", "slower than the milder one")]
+                                                                ("ratio=0.5", "no faster than the milder one")]
     assert "ratio=0.75" not in [t.name for t in result.trials]  # pruned
     ticks = iter(range(100))
     budgeted = _table_search(speed, None, budget=2.5, clock=lambda: next(ticks))
