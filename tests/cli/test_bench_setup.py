@@ -56,8 +56,10 @@ def test_runs_without_tqdm(tmp_path, monkeypatch, capsys, forwards):
     monkeypatch.setitem(sys.modules, "tqdm", None)
     out_json = tmp_path / "r.json"
     assert bench(TINY + ["--json", str(out_json)]) == 0
-    assert [r["method"] for r in json.loads(out_json.read_text())["results"]] == ["baseline", "tome"]
-    assert forwards.count("forward") == 2 * 2  # per configuration: one timed forward, one measured
+    rows = json.loads(out_json.read_text())["results"]
+    # the default run: the baseline, ToMe at the one ratio given, and downsampling
+    assert [(r["method"], r["mode"]) for r in rows] == [("baseline", "merge"), ("tome", "merge"), ("tome", "downsample")]
+    assert forwards.count("forward") == 3 * 2  # per configuration: one timed forward, one measured
 
 
 def _fake_reference(refs: Path, where: str) -> None:
