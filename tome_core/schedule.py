@@ -246,9 +246,12 @@ class BlockPlan:
 
 
 def _site_r(args: "ToMeArgs", num_tokens: int, ratio: Optional[float] = None) -> Tuple[int, Tuple[Tuple[str, int], ...]]:
-    if not args.per_site:
+    # Plain fields only, no properties or methods of ToMeArgs: this runs per call, and paddle's SOT translator
+    # cannot simulate them inside a to_static'd forward.
+    if not isinstance(args.ratio, tuple):
         return int(num_tokens * (args.ratio if ratio is None else ratio)), ()
-    site_r = tuple((flag, int(num_tokens * args.site_ratio(flag))) for flag in SITES.values() if getattr(args, flag))
+    sites = dict(args.ratio)
+    site_r = tuple((flag, int(num_tokens * sites[site])) for site, flag in SITES.items() if site in sites)
     return max(r for _, r in site_r), site_r
 
 
