@@ -454,3 +454,63 @@ def test_merge_mlp_rows_merge_the_feed_forward_too(tmp_path, capsys, monkeypatch
     rows = {r["mode"]: r for r in json.loads(out_json.read_text())["results"] if r["method"] == "tome"}
     assert {kw["merge_mlp"] for kw in applied} == {False, True}
     assert rows["merge-mlp"]["output_change"] != rows["merge"]["output_change"]  # the feed-forward merged too
+
+
+@pytest.mark.parametrize("config", ["tiny", "tiny-sd3"])
+def test_flops_ratio_is_the_compute_each_setting_leaves_counted_by_hand(tmp_path, capsys, config):
+    """The FLOPs column (counted on the meta device) equals torch's FlopCounterMode over the same model built
+    on the CPU with real weights, unpatched and patched by hand; the ratio is the baseline's count over the row's.
+    By hand, attention runs as torch's math kernel: FlopCounterMode has no count for the CPU's fused one (torch
+    2.13), and on the meta device attention is counted as those same products."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    import tomesd
+    from tomesd.bench.kits import TorchKit
+
+    out_json = tmp_path / "r.json"
+    assert bench(["--config", config, "--res", "64", "--repeats", "1", "--warmup", "0", "--no-memory", "--ratios",
+                  "0.5", "--modes", "merge,merge-mlp,downsample", "--json", str(out_json)]) == 0
+    assert "FLOPs ratio" in capsys.readouterr().out
+    rows = {(r["method"], r["mode"]): r for r in json.loads(out_json.read_text())["results"]}
+
+    kit = TorchKit("cpu", "float32")
+    doc = json.loads(out_json.read_text())["settings"]
+    model = kit.build(config, doc["seed"], doc["depth"])
+    inputs = kit.inputs(config, doc["batch"], 64, doc["seed"] + 1, doc["frames"])
+
+    def count(**kwargs):
+        if kwargs:
+            tomesd.apply_patch(model, **kwargs)
+        with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
+            kit.forward(model, inputs)
+        tomesd.remove_patch(model)
+        return counter.get_total_flops()
+
+    by_hand = {("baseline", "merge"): count(), ("tome", "merge"): count(ratio=0.5),
+               ("tome", "merge-mlp"): count(ratio=0.5, merge_mlp=True), ("tome", "downsample"): count(mode="downsample")}
+    base = by_hand[("baseline", "merge")]
+    for key, flops in by_hand.items():
+        assert rows[key]["flops"] == flops, (key, rows[key]["flops"], flops)
+        assert rows[key]["flop_speedup"] == pytest.approx(base / flops)
+    # every mode leaves less compute, and merging the feed-forward too leaves less than merging attention alone
+    assert 1 < rows[("tome", "merge")]["flop_speedup"] < rows[("tome", "merge-mlp")]["flop_speedup"]
+    assert rows[("tome", "downsample")]["flop_speedup"] > 1
+
+
+def test_flops_only_counts_at_full_size_without_running_anything(tmp_path, capsys):
+    """--flops-only on PixArt-alpha at 1024x1024, all 28 blocks, in seconds: nothing is allocated or timed."""
+    out_json = tmp_path / "f.json"
+    assert bench(["--arch", "pixart", "--res", "1024", "--batch", "1", "--ratios", "0.5", "--modes",
+                  "merge,downsample", "--flops-only", "--json", str(out_json)]) == 0
+    printed = capsys.readouterr().out
+    assert "| baseline |" in printed and "GFLOPs per forward" in printed and "time per" not in printed
+    rows = {r["configuration"]: r for r in json.loads(out_json.read_text())["flops"]}
+    # 28 blocks over 64x64 patches of 1,152 channels: thousands of GFLOPs, and ToMe r=0.5 leaves about 2/3
+    assert rows["baseline"]["flops"] > 5e12
+    assert 1.3 < rows["ToMe (ours) r=0.5"]["flop_speedup"] < 1.6 and rows["downsample (ours)"]["flop_speedup"] > 1.3
+
+
+def test_flops_only_is_torch_only(capsys):
+    assert bench(["--config", "tiny", "--flops-only", "--backend", "paddle"]) == 2
+    assert "--flops-only counts with torch" in capsys.readouterr().err

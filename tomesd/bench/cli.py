@@ -5,7 +5,7 @@ import argparse
 import importlib
 import os
 import sys
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from . import caches
 from .configs import ARCHS
@@ -54,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", help="write machine-readable results")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG of speed-up and memory saved vs ratio")
     parser.add_argument("--no-memory", action="store_true", help="skip the CPU peak-memory probes (one process each)")
+    parser.add_argument("--flops-only", action="store_true",
+                        help="count each configuration's FLOPs on the meta device and stop (no timing; seconds at any "
+                             "size; torch)")
     parser.add_argument("--model", metavar="PATH",
                         help="a local diffusers/ppdiffusers pipeline folder: generate under every setting (the same "
                              "--modes, --ratios, --reuse-steps, --downsample-* options) and report time per image and "
@@ -171,6 +174,7 @@ def _modes(text: str) -> List[str]:
 def run(args: argparse.Namespace) -> int:
     from .kits import MissingBackend, make_kit
     from .pipeline import BadModelPath
+    from .flops import fill_flops
     from .report import table, verdict, write_json, write_plot
     from .runner import Settings, configurations, fill_memory_reductions, measure_cpu_memory, run_unet
 
@@ -231,6 +235,9 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--frames is for video architectures (animatediff, svd, wan); {arch.name} is an image model")
         if args.frames is not None and args.frames < 1:
             raise ValueError("--frames must be at least 1")
+        if args.flops_only and (args.backend != "torch" or args.model is not None or args.compile):
+            raise ValueError("--flops-only counts with torch on the meta device: no --backend paddle, --model or "
+                             "--compile")
         if arch.video and args.backend != "torch":
             raise ValueError(f"{arch.name} runs on torch only in this benchmark")
         if arch.video and args.compare:
@@ -270,20 +277,15 @@ def run(args: argparse.Namespace) -> int:
         except RuntimeError as exc:
             return _fail(str(exc))
 
+    if args.flops_only:
+        return _flops_only(settings, args.json)
     n_configs = len(configurations(settings))
     cpu_memory = not kit.on_gpu() and not args.no_memory
     total = n_configs * (settings.warmup + settings.repeats + 1 + (1 if cpu_memory else 0) + (1 if settings.compile else 0))
     compiled = f", torch.compile(backend={settings.compile_backend!r})" if settings.compile else ""
 
     arch = ARCHS[settings.config]
-    model_name = arch.name
-    if settings.depth and arch.extra == "flux":
-        model_name += (f" ({settings.depth} of {arch.full_depth} double-stream and {2 * settings.depth} of "
-                       f"{arch.config['num_single_layers']} single-stream blocks)")
-    elif settings.depth:
-        model_name += f" ({settings.depth} of {arch.full_depth} blocks)"
-    if arch.video:
-        model_name += f", {settings.frames} frames"
+    model_name = _model_name(settings)
     size = f"{settings.res}x{settings.width or settings.res}"
     print(f"{model_name}, random weights, {size}, batch {settings.batch}, "
           f"{settings.dtype} on {kit.name}/{settings.device}{compiled}; {n_configs} configurations interleaved",
@@ -295,6 +297,7 @@ def run(args: argparse.Namespace) -> int:
             bar.set_description("peak-memory probes")
             measure_cpu_memory(settings, rows, bar.update)
     fill_memory_reductions(rows)
+    fill_flops(settings, rows)
 
     pipeline = None
     if args.model is not None:
@@ -320,6 +323,11 @@ def run(args: argparse.Namespace) -> int:
     if settings.compile:
         print("compiled: one compiled copy of the UNet per configuration (weights shared); tokens and output change "
               "from one eager forward of each copy; ToMe's own time is not separable inside a compiled graph")
+    if any(row.flop_speedup is not None for row in rows):
+        print("FLOPs ratio: the baseline's floating-point operations over the configuration's (one forward, counted "
+              "on the meta device): the speed-up if time followed the matrix products alone. Not a bound: ToMe's "
+              "gathers and sorts count nothing there (measured speed-ups fall short), nor does attention's softmax "
+              "over every pair of tokens, which merging shrinks quadratically (they can exceed it)")
     if cpu_memory:
         print("peak memory: peak RSS of one forward in a fresh process (model weights included)")
     if settings.cache:
@@ -341,6 +349,48 @@ def run(args: argparse.Namespace) -> int:
         write_plot(args.plot, rows, kit.reference_name,
                    f"{model_name} {size} batch {settings.batch} ({kit.name}, {settings.device})")
         print(f"plot: {args.plot}")
+    return 0
+
+
+def _model_name(settings: Any) -> str:
+    """The architecture as built: the depth used when cut, the frame count of a clip."""
+    arch = ARCHS[settings.config]
+    name = arch.name
+    if settings.depth and arch.extra == "flux":
+        name += (f" ({settings.depth} of {arch.full_depth} double-stream and {2 * settings.depth} of "
+                 f"{arch.config['num_single_layers']} single-stream blocks)")
+    elif settings.depth:
+        name += f" ({settings.depth} of {arch.full_depth} blocks)"
+    if arch.video:
+        name += f", {settings.frames} frames"
+    return name
+
+
+def _flops_only(settings: Any, json_path: Optional[str]) -> int:
+    from .flops import fill_flops
+    from .report import label
+    from .runner import Row, configurations
+
+    rows = [Row(method=c.method, ratio=c.ratio, mode=c.mode, reuse_steps=c.reuse_steps, cache=c.cache)
+            for c in configurations(settings)]
+    fill_flops(settings, rows)
+    print(f"{_model_name(settings)} at {settings.res}x{settings.width or settings.res}, batch {settings.batch}: "
+          f"one forward's floating-point operations, counted on the meta device")
+    print("| configuration | GFLOPs per forward | FLOPs ratio |\n|---|---|---|")
+    for row in rows:
+        flops = "-" if row.flops is None else f"{row.flops / 1e9:,.1f}"
+        ratio = "-" if row.flop_speedup is None else f"{row.flop_speedup:.2f}x"
+        print(f"| {label(row, '')} | {flops} | {ratio} |")
+    if json_path:
+        import json
+        from dataclasses import asdict
+
+        os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
+        with open(json_path, "w") as f:
+            json.dump({"settings": asdict(settings), "flops": [
+                {"configuration": label(r, ""), "flops": r.flops, "flop_speedup": r.flop_speedup} for r in rows]},
+                f, indent=2)
+        print(f"results: {json_path}")
     return 0
 
 

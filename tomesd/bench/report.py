@@ -33,6 +33,11 @@ def label(row: Any, reference_name: str) -> str:
     return name if cache is None else f"{name} + {cache}"
 
 
+def _ratio(row: Any) -> str:
+    ratio = getattr(row, "flop_speedup", None)
+    return "-" if ratio is None else f"{ratio:.2f}x"
+
+
 # apply_patch's defaults: arguments equal to them are left out of the printed call.
 _DEFAULTS = dict(max_downsample=None, seed=0, reuse_steps=1, merge_mlp=False, downsample_factor=2,
                  downsample_method="nearest")
@@ -72,12 +77,12 @@ def verdict(rows: List[Any], reference_name: str, settings: Any) -> str:
 def table(rows: List[Any], reference_name: str) -> str:
     compiled = any(getattr(row, "compile_s", None) is not None for row in rows)
     looped = any(getattr(row, "loop_change", None) is not None for row in rows)
-    head = ("| configuration | time per UNet call (s) | speed-up | peak memory (MiB) | memory saved | "
+    head = ("| configuration | time per UNet call (s) | speed-up | FLOPs ratio | peak memory (MiB) | memory saved | "
             "ToMe's own time | output change |" + (" mean change over the loop |" if looped else "")
             + " self-attn keys per level (without -> with) |")
     if compiled:
         head += " first call, compiling (s) |"
-    lines = [head, "|" + "---|" * (8 + compiled + looped)]
+    lines = [head, "|" + "---|" * (9 + compiled + looped)]
     for row in rows:
         tokens = ", ".join(
             # level 0: a video transformer's sequence of every frame
@@ -87,7 +92,8 @@ def table(rows: List[Any], reference_name: str) -> str:
         saved = "-" if row.mem_reduction is None else f"{row.mem_reduction:.0%}"
         own = "-" if row.tome_fraction is None else f"{row.tome_fraction:.1%} of the UNet"
         line = (
-            f"| {label(row, reference_name)} | {row.time_s:.3f} | {row.speedup:.2f}x | {_mib(row.peak_mem_bytes)} | "
+            f"| {label(row, reference_name)} | {row.time_s:.3f} | {row.speedup:.2f}x | {_ratio(row)} | "
+            f"{_mib(row.peak_mem_bytes)} | "
             f"{saved} | {own} | {row.output_change:.3f} |"
             + (f" {row.loop_change:.3f} |" if looped else "") + f" {tokens} |"
         )

@@ -81,6 +81,8 @@ class Row:
     tokens: Dict[str, List[int]] = field(default_factory=dict)  # level -> [before, after]
     compile_s: Optional[float] = None  # with --compile: the first call (compilation included)
     compiled_vs_eager: Optional[float] = None  # with --compile: relative difference of the compiled output
+    flops: Optional[int] = None  # one forward's floating-point operations (flops.fill_flops), None if not counted
+    flop_speedup: Optional[float] = None  # the baseline's flops over this row's (flops.py: a yardstick, not a bound)
 
 
 def configurations(settings: Settings) -> List[Config]:
