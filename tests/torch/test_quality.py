@@ -179,3 +179,158 @@ def test_quality_command_refuses_a_cache_diffusers_fails_on(capsys):
     with pytest.raises(SystemExit) as done:
         main(["quality", "--arch", "sd3", "--cache", "fbc"])
     assert done.value.code == 2 and "fails on SD3Transformer2DModel in diffusers itself" in capsys.readouterr().err
+
+
+# ---- the video yardstick: AnimateDiff's motion UNet on digits sliding over 8 frames ----
+VIDEO_BASE = Y.VIDEO_SETTINGS[0]
+VIDEO_SMALL = dict(images=8, chunk=8, steps=8, noise_seeds=2)
+
+
+@pytest.fixture(scope="module")
+def trained_video():
+    return M.load(arch="video")
+
+
+@pytest.fixture(scope="module")
+def video_exact(trained_video):
+    return Y.evaluate([VIDEO_BASE, EXACT], models=trained_video, arch="video", **VIDEO_SMALL)
+
+
+def frame_psnr(a, b):
+    return 10 * math.log10(4.0 / float(((a - b) ** 2).mean()))  # data range 2: pixels in [-1, 1]
+
+
+def coherence(report):
+    """How much closer each frame of a clip is to the clip's next frame than to the next frame of a clip of the
+    same label drawn from other noise (dB): what the clip keeps over time beyond what its label gives."""
+    clips, others = report["samples"]["baseline"], report["baselines_other_noise"][0]
+    steps = range(clips.shape[2] - 1)
+    same = [frame_psnr(c[:, f], c[:, f + 1]) for c in clips for f in steps]
+    other = [frame_psnr(c[:, f], d[:, f + 1]) for c, d in zip(clips, others) for f in steps]
+    return sum(same) / len(same) - sum(other) / len(other)
+
+
+def test_video_yardstick_draws_clips_that_hold_together_over_time(trained_video, video_exact):
+    """The trained motion model keeps a clip's frames alike (its digit moves, it does not jump); the image
+    UNet run frame by frame (the motion modules' outputs zeroed: each frame drawn from its own noise) does not."""
+    trained = coherence(video_exact)
+    per_frame = M.build("video")[0]
+    per_frame.load_state_dict(M.load(arch="sd1")[0].state_dict(), strict=False)
+    with torch.no_grad():
+        for name, p in per_frame.named_parameters():
+            if "motion_modules" in name and "proj_out" in name:
+                p.zero_()
+    per_frame.eval()
+    alone = Y.evaluate([VIDEO_BASE], models=(per_frame, trained_video[1], trained_video[2]), arch="video",
+                       **VIDEO_SMALL)
+    alone = coherence(alone)
+    assert trained > 3 and alone < trained - 2, (trained, alone)
+
+
+def test_video_yardstick_prices_tome_per_frame_and_over_time(video_exact):
+    report = video_exact
+    exact = scores(report, EXACT.name)
+    unrelated = report["noise_band"]["unrelated"]
+    assert math.isfinite(exact.psnr) and exact.psnr < 60, exact  # ToMe moved the clips ...
+    assert exact.psnr > unrelated["psnr"] + 10 and exact.above_floor is True, (exact, unrelated)  # ... less than unrelated
+    assert exact.accuracy is None and exact.fd is None  # the classifier reads centred digits, not clips
+    # by hand: PSNR at each frame index, and the PSNR of frame-to-frame changes against the baseline's
+    x, base = report["samples"][EXACT.name], report["samples"]["baseline"]
+    assert exact.psnr_by_frame == pytest.approx([frame_psnr(x[:, :, f], base[:, :, f]) for f in range(M.FRAMES)],
+                                                abs=1e-4)
+    assert exact.temporal_psnr == pytest.approx(frame_psnr(x.diff(dim=2), base.diff(dim=2)), abs=1e-4)
+    assert exact.temporal_psnr > unrelated["temporal_psnr"] + 10
+    table = Y.table(report)
+    assert "temporal PSNR vs baseline" in table and "clips" in table
+
+
+def test_video_yardstick_scores_a_broken_merge_clearly_worse(trained_video, video_exact, monkeypatch):
+    exact = scores(video_exact, EXACT.name)
+    broken_unmerge(monkeypatch)
+    broken = scores(Y.evaluate([VIDEO_BASE, EXACT], models=trained_video, arch="video", **VIDEO_SMALL), EXACT.name)
+    assert broken.psnr < exact.psnr - 1.5 and broken.temporal_psnr < exact.temporal_psnr - 1.5, (broken, exact)
+
+
+def test_moving_digits_slide_in_straight_lines_and_bounce():
+    x, y = M.digits()
+    clips, labels = M.moving_digits(x, y, 16, torch.Generator().manual_seed(3))
+    assert clips.shape == (16, 1, M.FRAMES, M.IMAGE, M.IMAGE) and labels.shape == (16,)
+    assert clips.min() >= -1 and clips.max() <= 1
+    moved = 0
+    for clip in clips[:, 0]:
+        lit = [(f > -1).nonzero() for f in clip]  # the digit's pixels in each frame
+        corner = torch.stack([p.min(0).values for p in lit])
+        # the same digit in every frame, shifted whole
+        assert all(torch.equal(p - c, lit[0] - corner[0]) for p, c in zip(lit, corner))
+        step = corner.diff(dim=0)
+        assert (step.abs() <= 1).all()  # at most a pixel a frame along each axis ...
+        # ... at one speed per axis but for one frame at a bounce, where the direction turns (at most once:
+        # 7 frames at a pixel cross less than the canvas' 8 pixels of room around a 24-pixel digit)
+        for axis in range(2):
+            speeds, signs = step[:, axis].abs(), step[:, axis].sign()
+            assert (speeds != speeds.max()).sum() <= 1, step[:, axis]
+            turns = (signs[signs != 0].diff() != 0).sum()
+            assert turns <= 1, step[:, axis]
+        moved += bool(step.abs().sum())
+    assert moved >= 12  # most clips move
+
+
+# ---- FD against the sample count: where FD starts to separate settings ----
+def test_fd_curve_is_fd_over_prefixes_against_the_baselines_spread_by_hand(trained):
+    from tomesd.quality import fd_curve, metrics
+
+    far = Y.Setting("ToMe r=0.75 max_downsample=4", dict(ratio=0.75, max_downsample=4))
+    report = Y.evaluate([Y.DEFAULT_SETTINGS[0], far], models=trained, images=30, chunk=30, steps=4, noise_seeds=3)
+    baselines = [report["samples"]["baseline"]] + report["baselines_other_noise"]
+    assert len(baselines) == 3
+    rows = fd_curve.curve({far.name: report["samples"][far.name]}, baselines, trained[2], report["real_features"],
+                          [10, 30])
+    real = report["real_features"]
+    for row in rows:
+        n = row["n"]
+        fd = [metrics.frechet_distance(metrics.features(trained[2], b[:n]), real) for b in baselines]
+        assert row["baseline_fd"] == pytest.approx(fd[0])
+        assert row["band"] == pytest.approx(max(abs(fd[1] - fd[0]), abs(fd[2] - fd[0])))
+        setting = metrics.frechet_distance(metrics.features(trained[2], report["samples"][far.name][:n]), real)
+        assert row["diffs"][far.name] == pytest.approx(setting - fd[0])
+        assert row["resolved"][far.name] == (abs(setting - fd[0]) > row["band"])
+    # FD is biased upwards at small counts: 10 samples sit farther from the real digits than 30
+    assert rows[0]["baseline_fd"] > rows[1]["baseline_fd"]
+
+
+def test_fd_curve_names_the_count_from_which_fd_resolves_a_setting():
+    from tomesd.quality import fd_curve
+
+    def rows(flags):
+        return [{"n": n, "baseline_fd": 1.0, "band": 0.5, "diffs": {"s": 1.0 if ok else 0.1}, "resolved": {"s": ok}}
+                for n, ok in zip((64, 128, 256, 512), flags)]
+
+    assert fd_curve.resolved_from(rows([False, False, True, True]), "s") == 256
+    assert fd_curve.resolved_from(rows([True, False, True, True]), "s") == 256  # resolved at every larger count
+    assert fd_curve.resolved_from(rows([True, True, True, False]), "s") is None
+    assert "from 256 samples on" in fd_curve.table(rows([False, False, True, True]))
+    assert "does not resolve it" in fd_curve.table(rows([False, False, False, False]))
+
+
+def test_quality_command_prints_and_writes_the_fd_curve(tmp_path, capsys):
+    from tomesd.cli import main
+
+    out_json = tmp_path / "q.json"
+    with pytest.raises(SystemExit) as done:
+        main(["quality", "--fd-curve", "10,20", "--chunk", "10", "--steps", "2", "--noise-seeds", "2",
+              "--only", "ToMe r=0.5", "--json", str(out_json), "--plot", ""])
+    assert done.value.code == 0
+    assert "FD against the sample count" in capsys.readouterr().out
+    doc = json.loads(out_json.read_text())
+    assert doc["images"] == 20 and [row["n"] for row in doc["fd_curve"]] == [10, 20]
+    assert list(doc["fd_curve"][0]["diffs"]) == ["ToMe r=0.5"]
+
+
+@pytest.mark.parametrize("argv,message", [(["--fd-curve", "1,64"], "at least 2"), (["--fd-curve", "a"], "sample counts"),
+                                           (["--arch", "video", "--fd-curve", "64"], "no FD")])
+def test_fd_curve_refuses_bad_input(argv, message, capsys):
+    from tomesd.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["quality"] + argv)
+    assert done.value.code == 2 and message in capsys.readouterr().err

@@ -3,16 +3,42 @@ whose features score their samples. All are small enough to train on a laptop CP
 
 - `sd1`: a UNet with SD's transformer blocks (epsilon prediction, DDIM), top attention grid 32x32;
 - `sd3`: an SD3 transformer (joint attention over image tokens and the label's text tokens, pooled label
-  vector, rectified flow sampled with Euler steps as SD3 is), patch size 1, so its grid is 32x32 too."""
+  vector, rectified flow sampled with Euler steps as SD3 is), patch size 1, so its grid is 32x32 too;
+- `video`: AnimateDiff's `UNetMotionModel`, the `sd1` UNet with a motion adapter (temporal attention over
+  the frames at every level), fine-tuned from the `sd1` weights on digits sliding across the canvas over
+  8 frames, as AnimateDiff trains a motion adapter on an image model. Its spatial blocks see one frame."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 _WEIGHTS_DIR = os.path.join(os.path.dirname(__file__), "weights")
 WEIGHTS = os.path.join(_WEIGHTS_DIR, "yardstick.safetensors")
-ARCHS = ("sd1", "sd3")
-WEIGHTS_BY_ARCH = {"sd1": WEIGHTS, "sd3": os.path.join(_WEIGHTS_DIR, "yardstick-sd3.safetensors")}
+
+
+@dataclass(frozen=True)
+class Arch:
+    """What differs between the yardstick models, as data (the code paths read these fields)."""
+    weights: str           # the shipped file
+    prefix: str            # the denoiser's key prefix in that file
+    objective: str         # "epsilon" (DDPM training, DDIM sampling) or "flow" (rectified flow, Euler sampling)
+    host: str              # the denoiser's class name (which step caches it takes)
+    frames: Optional[int]  # None: images [N, 1, 32, 32]; else videos [N, 1, frames, 32, 32]
+    steps: int             # default training steps and batch (python -m tomesd.quality.train)
+    batch: int
+
+
+FRAMES = 8  # the video yardstick's clip length
+ARCH_SPECS: Dict[str, Arch] = {
+    "sd1": Arch(WEIGHTS, "unet.", "epsilon", "UNet2DConditionModel", None, 1000, 64),
+    "sd3": Arch(os.path.join(_WEIGHTS_DIR, "yardstick-sd3.safetensors"), "transformer.", "flow",
+                "SD3Transformer2DModel", None, 1500, 32),
+    "video": Arch(os.path.join(_WEIGHTS_DIR, "yardstick-video.safetensors"), "unet.", "epsilon", "UNetMotionModel",
+                  FRAMES, 700, 8),
+}
+ARCHS = tuple(ARCH_SPECS)
+WEIGHTS_BY_ARCH = {name: spec.weights for name, spec in ARCH_SPECS.items()}
 IMAGE = 32          # pixels per side; the UNet works in pixel space, so its top attention grid is 32x32
 NUM_CLASSES = 10
 NULL_CLASS = NUM_CLASSES  # the unconditional "label" for classifier-free guidance
@@ -51,21 +77,33 @@ SD3_CONFIG: Dict = dict(
 )
 
 
-def _check_arch(arch: str) -> None:
-    if arch not in ARCHS:
+# AnimateDiff's layout on the `sd1` UNet: one temporal transformer after each spatial layer and in the mid
+# block, one head, positions for the clip's frames (diffusers initialises them at random; training starts
+# there, from the trained image UNet's spatial weights).
+MOTION_CONFIG: Dict = dict(block_out_channels=UNET_CONFIG["block_out_channels"], motion_layers_per_block=1,
+                           motion_num_attention_heads=1, motion_norm_num_groups=8, motion_max_seq_length=FRAMES)
+
+
+def spec(arch: str) -> Arch:
+    if arch not in ARCH_SPECS:
         raise ValueError(f"arch must be one of {', '.join(ARCHS)}, got {arch!r}")
+    return ARCH_SPECS[arch]
 
 
 def build(arch: str = "sd1") -> Tuple["object", "object", "object"]:
     """(denoiser, label_embedding, classifier), randomly initialised (`load` fills in the shipped weights)."""
     import torch
 
-    _check_arch(arch)
+    spec(arch)
     nn = torch.nn
     if arch == "sd1":
         from diffusers import UNet2DConditionModel
 
         denoiser = UNet2DConditionModel(**UNET_CONFIG)
+    elif arch == "video":
+        from diffusers import MotionAdapter, UNet2DConditionModel, UNetMotionModel
+
+        denoiser = UNetMotionModel.from_unet2d(UNet2DConditionModel(**UNET_CONFIG), MotionAdapter(**MOTION_CONFIG))
     else:
         from diffusers import SD3Transformer2DModel
 
@@ -76,11 +114,14 @@ def build(arch: str = "sd1") -> Tuple["object", "object", "object"]:
 
 
 def predict(arch: str, denoiser, x, t, context):
-    """The denoiser's output for images `x` at timestep `t` (a scalar tensor or one per sample) under the
-    label tokens `context`: epsilon for `sd1`, the flow velocity for `sd3`. SD3's pooled text vector is the
-    mean of the label's tokens."""
+    """The denoiser's output for images (videos) `x` at timestep `t` (a scalar tensor or one per sample) under
+    the label tokens `context`: epsilon for `sd1` and `video`, the flow velocity for `sd3`. SD3's pooled text
+    vector is the mean of the label's tokens; the video model takes the label once per frame, as
+    AnimateDiff's pipeline repeats the prompt."""
     if arch == "sd1":
         return denoiser(x, t, context).sample
+    if arch == "video":
+        return denoiser(x, t, context.repeat_interleave(x.shape[2], dim=0)).sample
     t = t.expand(x.shape[0]) if t.dim() == 0 else t
     return denoiser(hidden_states=x, encoder_hidden_states=context, pooled_projections=context.mean(1),
                     timestep=t).sample
@@ -114,12 +155,9 @@ def context(labels_embedding, labels) -> "object":
     return labels_embedding(labels).reshape(labels.shape[0], CONTEXT_TOKENS, CONTEXT_DIM)
 
 
-_PREFIX = {"sd1": "unet.", "sd3": "transformer."}
-
-
 def state_dicts(unet, labels, classifier, arch: str = "sd1") -> Dict[str, "object"]:
     out = {}
-    for prefix, module in ((_PREFIX[arch], unet), ("labels.", labels), ("classifier.", classifier)):
+    for prefix, module in ((spec(arch).prefix, unet), ("labels.", labels), ("classifier.", classifier)):
         out.update({prefix + k: v.detach().contiguous() for k, v in module.state_dict().items()})
     return out
 
@@ -128,7 +166,7 @@ def load(path: Optional[str] = None, arch: str = "sd1"):
     """The shipped, trained models for `arch`, in eval mode."""
     from safetensors.torch import load_file
 
-    _check_arch(arch)
+    spec(arch)
     path = path or WEIGHTS_BY_ARCH[arch]
     if not os.path.exists(path):
         flag = "" if arch == "sd1" else f" --arch {arch}"
@@ -136,7 +174,7 @@ def load(path: Optional[str] = None, arch: str = "sd1"):
             f"yardstick weights not found at {path}; reproduce them with `python -m tomesd.quality.train{flag}`")
     tensors = load_file(path)
     unet, labels, classifier = build(arch)
-    for prefix, module in ((_PREFIX[arch], unet), ("labels.", labels), ("classifier.", classifier)):
+    for prefix, module in ((spec(arch).prefix, unet), ("labels.", labels), ("classifier.", classifier)):
         part = {k[len(prefix):]: v.float() for k, v in tensors.items() if k.startswith(prefix)}
         module.load_state_dict(part)
         module.eval()
@@ -155,3 +193,25 @@ def digits():
     x = torch.tensor(data.images, dtype=torch.float32)[:, None] / 16.0
     x = torch.nn.functional.interpolate(x, size=(IMAGE, IMAGE), mode="bilinear", align_corners=False)
     return x * 2 - 1, torch.tensor(data.target, dtype=torch.long)
+
+
+def moving_digits(x, y, count: int, generator, frames: int = FRAMES, size: int = 24, max_speed: int = 1):
+    """`count` clips of digits sliding across a blank 32x32 canvas: [count, 1, frames, 32, 32] in [-1, 1] and
+    their labels. Each clip takes a digit from `x` [N, 1, 32, 32] (labels `y`), shrinks it to `size` pixels,
+    and moves it in a straight line from a random start at a random whole-pixel speed (up to `max_speed`
+    per frame along each axis), bouncing off the edges: motion the model has to keep consistent."""
+    import torch
+
+    idx = torch.randint(0, len(x), (count,), generator=generator)
+    small = torch.nn.functional.interpolate(x[idx], size=(size, size), mode="bilinear", align_corners=False)
+    room = IMAGE - size
+    start = torch.randint(0, room + 1, (count, 2), generator=generator)
+    speed = torch.randint(-max_speed, max_speed + 1, (count, 2), generator=generator)
+    clips = torch.full((count, 1, frames, IMAGE, IMAGE), -1.0)
+    for f in range(frames):
+        pos = (start + f * speed) % (2 * room)
+        pos = torch.where(pos > room, 2 * room - pos, pos)  # bounce
+        for i in range(count):
+            r, c = int(pos[i, 0]), int(pos[i, 1])
+            clips[i, 0, f, r:r + size, c:c + size] = small[i, 0]
+    return clips, y[idx]

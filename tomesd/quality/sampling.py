@@ -1,6 +1,7 @@
 """Deterministic class-conditional sampling with a yardstick denoiser and classifier-free guidance, the two
-halves in one batch as SD pipelines run them (so ToMe sees SD's batch-2 shape): DDIM for the `sd1` UNet,
-flow-matching Euler steps for the `sd3` transformer (SD3's own scheduler, at shift 1 for a 32x32 image)."""
+halves in one batch as SD pipelines run them (so ToMe sees SD's batch-2 shape): DDIM for the `sd1` and
+`video` UNets, flow-matching Euler steps for the `sd3` transformer (SD3's own scheduler, at shift 1 for a
+32x32 image)."""
 from __future__ import annotations
 
 from . import model as M
@@ -10,7 +11,7 @@ GUIDANCE = 2.0
 
 
 def scheduler(arch: str = "sd1"):
-    if arch == "sd3":
+    if M.spec(arch).objective == "flow":
         from diffusers import FlowMatchEulerDiscreteScheduler
 
         return FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=1.0)
@@ -19,15 +20,17 @@ def scheduler(arch: str = "sd1"):
     return DDIMScheduler(num_train_timesteps=1000, beta_schedule="squaredcos_cap_v2", clip_sample=True)
 
 
-def noise(count: int, seed: int):
+def noise(count: int, seed: int, arch: str = "sd1"):
+    """Starting noise for `count` samples: [count, 1, 32, 32], or [count, 1, frames, 32, 32] for a video arch."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(count, 1, M.IMAGE, M.IMAGE, generator=g)
+    frames = M.spec(arch).frames
+    return torch.randn((count, 1) + (() if frames is None else (frames,)) + (M.IMAGE, M.IMAGE), generator=g)
 
 
 def sample(unet, labels_embedding, labels, x, steps: int = STEPS, guidance: float = GUIDANCE, arch: str = "sd1"):
-    """Images in [-1, 1] from starting noise `x` [N, 1, 32, 32] for `labels` [N]."""
+    """Images (clips) in [-1, 1] from starting noise `x` ([N, 1, 32, 32], or [N, 1, F, 32, 32]) for `labels` [N]."""
     import torch
 
     sched = scheduler(arch)

@@ -50,7 +50,16 @@ def train_unet(x, y, seed: int, steps: int, batch: int, lr: float, arch: str = "
     from diffusers import DDPMScheduler
 
     torch.manual_seed(seed)
+    spec = M.spec(arch)
     unet, labels, _ = M.build(arch)
+    if arch == "video":  # AnimateDiff's recipe: the motion modules join a trained image model
+        image_unet, image_labels, _ = M.load(arch="sd1")
+        unet.load_state_dict(image_unet.state_dict(), strict=False)
+        labels.load_state_dict(image_labels.state_dict())
+        for module in (unet, labels):
+            module.train()
+            for p in module.parameters():
+                p.requires_grad_(True)
     ema_unet, ema_labels = copy.deepcopy(unet), copy.deepcopy(labels)
     params = list(unet.parameters()) + list(labels.parameters())
     opt = torch.optim.AdamW(params, lr, weight_decay=0.0)
@@ -61,16 +70,20 @@ def train_unet(x, y, seed: int, steps: int, batch: int, lr: float, arch: str = "
     g = torch.Generator().manual_seed(seed + 1)
     start = time.time()
     for step in range(steps):
-        idx = torch.randint(0, len(x), (batch,), generator=g)
-        x0, lab = x[idx], y[idx].clone()
+        if spec.frames is None:
+            idx = torch.randint(0, len(x), (batch,), generator=g)
+            x0, lab = x[idx], y[idx].clone()
+        else:
+            x0, lab = M.moving_digits(x, y, batch, g, spec.frames)
         lab[torch.rand(batch, generator=g) < 0.1] = M.NULL_CLASS
         eps = torch.randn(x0.shape, generator=g)
-        if arch == "sd1":
+        if spec.objective == "epsilon":
             t = torch.randint(0, 1000, (batch,), generator=g)
             x_t, target = noise_sched.add_noise(x0, eps, t), eps
         else:  # rectified flow: x_t = (1 - s) x0 + s eps, velocity eps - x0, timestep 1000 s
             s = torch.sigmoid(torch.randn(batch, generator=g))
-            x_t, target, t = (1 - s)[:, None, None, None] * x0 + s[:, None, None, None] * eps, eps - x0, 1000 * s
+            s_ = s.reshape((batch,) + (1,) * (x0.dim() - 1))
+            x_t, target, t = (1 - s_) * x0 + s_ * eps, eps - x0, 1000 * s
         pred = M.predict(arch, unet, x_t, t, M.context(labels, lab))
         loss = torch.nn.functional.mse_loss(pred, target)
         opt.zero_grad()
@@ -95,15 +108,16 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m tomesd.quality.train", description=__doc__)
     p.add_argument("--arch", choices=M.ARCHS, default="sd1")
     p.add_argument("--out", help="default: the shipped file for --arch")
-    p.add_argument("--steps", type=int, help="default: 1000 (sd1), 1500 (sd3)")
-    p.add_argument("--batch", type=int, help="default: 64 (sd1), 32 (sd3)")
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--steps", type=int, help="default: 1000 (sd1), 1500 (sd3), 700 (video)")
+    p.add_argument("--batch", type=int, help="default: 64 (sd1), 32 (sd3), 8 clips (video)")
+    p.add_argument("--lr", type=float, help="default: 1e-3 (sd1, sd3), 5e-4 (video: a fine-tuned image model)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     arch = args.arch
     out = args.out or M.WEIGHTS_BY_ARCH[arch]
-    steps = args.steps or (1000 if arch == "sd1" else 1500)
-    batch = args.batch or (64 if arch == "sd1" else 32)
+    steps = args.steps or M.spec(arch).steps
+    batch = args.batch or M.spec(arch).batch
+    args.lr = args.lr or (5e-4 if M.spec(arch).frames is not None else 1e-3)
 
     x, y = M.digits()
     if arch == "sd1":
@@ -119,6 +133,8 @@ def main(argv=None) -> None:
     print(f"wrote {out} ({os.path.getsize(out) / 1e6:.1f} MB); {arch} training took {seconds / 60:.1f} min")
     # Sanity check: do the samples read as their labels?
     unet, labels, clf = M.load(out, arch)
+    if M.spec(arch).frames is not None:  # the classifier reads centred digits, not clips
+        return
     lab = torch.arange(100) % 10
     imgs = sampling.sample(unet, labels, lab, sampling.noise(100, 1234), arch=arch)
     with torch.no_grad():

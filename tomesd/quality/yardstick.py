@@ -1,7 +1,7 @@
 """`python -m tomesd quality`: what each setting costs in quality, and buys in speed, on the
 project's own class-conditional digits models (proxies for SD, see the README): `--arch sd1` (default)
-the UNet, `--arch sd3` the SD3-shaped joint-attention transformer. `--cache` adds one of diffusers'
-step caches, alone and stacked under each setting.
+the UNet, `--arch sd3` the SD3-shaped joint-attention transformer, `--arch video` AnimateDiff's motion
+UNet on moving digits. `--cache` adds one of diffusers' step caches, alone and stacked under each setting.
 
 Every setting samples the same labels from the same noise as the baseline, in chunks that are
 interleaved across settings (alternating order), so timings are side by side. Scores:
@@ -10,6 +10,9 @@ interleaved across settings (alternating order), so timings are side by side. Sc
   classifier's features to those of all 1797 real digits: whether the samples are still right;
 - the noise band: the baseline again from other noise seeds. A setting whose accuracy and FD differ
   from the baseline's by no more than the baseline differs from itself across seeds is "within noise".
+Clips (`video`) are scored frame by frame (PSNR, SSIM, and PSNR at each frame index) and for temporal
+consistency (their frame-to-frame changes against the baseline's); the classifier reads centred digits,
+so accuracy and FD are left out there.
 """
 from __future__ import annotations
 
@@ -78,7 +81,19 @@ SD3_SETTINGS = [
     Setting("downsample f=4 nearest", dict(mode="downsample", downsample_factor=4)),
     Setting("downsample f=4 avg", dict(mode="downsample", downsample_factor=4, downsample_method="avg")),
 ]
-SETTINGS = {"sd1": DEFAULT_SETTINGS, "sd3": SD3_SETTINGS}
+# The motion UNet: its spatial blocks merge within each frame (32x32, 16x16 and the 8x8 mid block, as on
+# the image UNet); temporal blocks are never touched.
+VIDEO_SETTINGS = [
+    Setting("baseline", None),
+    Setting("ToMe r=0.25", dict(ratio=0.25)),
+    Setting("ToMe r=0.5", dict(ratio=0.5)),
+    Setting("ToMe r=0.75", dict(ratio=0.75)),
+    Setting("ToMe r=0.5 reuse 3", dict(ratio=0.5, reuse_steps=3)),
+    Setting("ToMe r=0.5 max_downsample=4", dict(ratio=0.5, max_downsample=4)),
+    Setting("downsample f=2 nearest", dict(mode="downsample")),
+    Setting("downsample f=2 nearest max_downsample=4", dict(mode="downsample", max_downsample=4)),
+]
+SETTINGS = {"sd1": DEFAULT_SETTINGS, "sd3": SD3_SETTINGS, "video": VIDEO_SETTINGS}
 
 
 def with_cache(settings: List[Setting], cache: Optional[str]) -> List[Setting]:
@@ -101,14 +116,17 @@ class Result:
     speedup: float = 1.0
     psnr: Optional[float] = None
     ssim: Optional[float] = None
-    accuracy: float = 0.0
-    fd: float = 0.0
+    accuracy: Optional[float] = None  # None for clips (the classifier reads centred digits)
+    fd: Optional[float] = None
     within_noise: Optional[bool] = None  # accuracy and FD within the baseline's noise band (they separate little)
     chunk_times_s: List[float] = field(default_factory=list)
     # The verdict the tables rest on: the standard error of the mean per-image PSNR against the baseline, and
     # whether the setting stays closer to the baseline than unrelated samples by more than twice that.
     psnr_se: Optional[float] = None
     above_floor: Optional[bool] = None
+    # Clips only: PSNR at each frame index, and the frame-to-frame changes' PSNR against the baseline's.
+    psnr_by_frame: Optional[List[float]] = None
+    temporal_psnr: Optional[float] = None
 
 
 def labels_for(n: int) -> Any:
@@ -150,14 +168,15 @@ def evaluate(
     import torch
 
     unet, labels_embedding, classifier = models if models is not None else M.load(arch=arch)
+    clips = M.spec(arch).frames is not None
     real, _ = M.digits()
-    real_features = metrics.features(classifier, real)
+    real_features = None if clips else metrics.features(classifier, real)
     labels = labels_for(images)
     if settings[0].kwargs is not None or settings[0].cache is not None:
         raise ValueError("the first setting must be the baseline (kwargs None, no cache)")
     out: Dict[Setting, List[Any]] = {s: [] for s in settings}
     times: Dict[Setting, List[float]] = {s: [] for s in settings}
-    noise = sampling.noise(images, seed)
+    noise = sampling.noise(images, seed, arch)
     starts = list(range(0, images, chunk))
     for i, start in enumerate(starts):  # interleaved, alternating order
         for setting in settings if i % 2 == 0 else settings[::-1]:
@@ -169,7 +188,7 @@ def evaluate(
                 progress(1)
     spread = []
     for k in range(1, noise_seeds):
-        other = sampling.noise(images, seed + 1000 * k)
+        other = sampling.noise(images, seed + 1000 * k, arch)
         parts = []
         for start in starts:
             parts.append(_sample_chunk(unet, labels_embedding, settings[0], labels[start:start + chunk],
@@ -178,7 +197,9 @@ def evaluate(
                 progress(1)
         spread.append(torch.cat(parts))
 
-    def scores(x: Any) -> Dict[str, float]:
+    def scores(x: Any) -> Dict[str, Optional[float]]:
+        if clips:
+            return {"accuracy": None, "fd": None}
         return {"accuracy": metrics.accuracy(classifier, x, labels),
                 "fd": metrics.frechet_distance(metrics.features(classifier, x), real_features)}
 
@@ -186,13 +207,15 @@ def evaluate(
     base = scores(base_images)
     others = [scores(x) for x in spread]
     band = {
-        "accuracy": max([abs(o["accuracy"] - base["accuracy"]) for o in others], default=0.0),
-        "fd": max([abs(o["fd"] - base["fd"]) for o in others], default=0.0),
+        "accuracy": None if clips else max([abs(o["accuracy"] - base["accuracy"]) for o in others], default=0.0),
+        "fd": None if clips else max([abs(o["fd"] - base["fd"]) for o in others], default=0.0),
         # Two baselines from different noise: what "unrelated samples" look like to PSNR / SSIM.
         "unrelated": metrics.closeness(spread[0], base_images) if spread else None,
         "seeds": noise_seeds,
         "baseline_scores": [base] + others,
     }
+    if clips and spread:
+        band["unrelated"]["temporal_psnr"] = metrics.temporal_psnr(spread[0], base_images)
     results = []
     base_time = sum(times[settings[0]])
     for setting in settings:
@@ -205,32 +228,51 @@ def evaluate(
             r.psnr_se = metrics.standard_error(metrics.psnr_per_image(x, base_images))
             if band["unrelated"] is not None:
                 r.above_floor = r.psnr - 2 * r.psnr_se > band["unrelated"]["psnr"]
-            r.within_noise = (abs(r.accuracy - base["accuracy"]) <= band["accuracy"]
-                              and r.fd - base["fd"] <= band["fd"])
+            if clips:
+                r.psnr_by_frame = metrics.psnr_by_frame(x, base_images)
+                r.temporal_psnr = metrics.temporal_psnr(x, base_images)
+            else:
+                r.within_noise = (abs(r.accuracy - base["accuracy"]) <= band["accuracy"]
+                                  and r.fd - base["fd"] <= band["fd"])
         results.append(r)
     return {"results": results, "noise_band": band, "images": images, "steps": steps, "chunk": chunk,
-            "seed": seed, "arch": arch, "samples": {s.name: torch.cat(out[s]) for s in settings}}
+            "seed": seed, "arch": arch, "samples": {s.name: torch.cat(out[s]) for s in settings},
+            "baselines_other_noise": spread, "classifier": classifier, "real_features": real_features}
 
 
 def table(report: Dict[str, Any]) -> str:
     band = report["noise_band"]
+    clips = any(r.temporal_psnr is not None for r in report["results"]) or band["accuracy"] is None
+    judge = ("temporal PSNR vs baseline (dB) | PSNR at first / last frame |" if clips
+             else "accuracy | FD to real digits |")
     lines = ["| setting | sampling time (s) | speed-up | PSNR vs baseline (dB, ± standard error) | SSIM vs baseline | "
-             "accuracy | FD to real digits | closer than unrelated samples |", "|---|---|---|---|---|---|---|---|"]
+             + judge + " closer than unrelated samples |", "|---|---|---|---|---|---|---|---|"]
     for r in report["results"]:
         psnr = "-" if r.psnr is None else f"{r.psnr:.1f}" + ("" if r.psnr_se is None else f" ± {r.psnr_se:.2f}")
         ssim = "-" if r.ssim is None else f"{r.ssim:.3f}"
         floor = "-" if r.above_floor is None else ("yes" if r.above_floor else "no")
-        lines.append(f"| {r.name} | {r.time_s:.1f} | {r.speedup:.2f}x | {psnr} | {ssim} | {r.accuracy:.3f} | "
-                     f"{r.fd:.2f} | {floor} |")
+        if clips:
+            ends = "-" if r.psnr_by_frame is None else f"{r.psnr_by_frame[0]:.1f} / {r.psnr_by_frame[-1]:.1f}"
+            judged = ("-" if r.temporal_psnr is None else f"{r.temporal_psnr:.1f}") + f" | {ends}"
+        else:
+            judged = f"{r.accuracy:.3f} | {r.fd:.2f}"
+        lines.append(f"| {r.name} | {r.time_s:.1f} | {r.speedup:.2f}x | {psnr} | {ssim} | {judged} | {floor} |")
     unrelated = band["unrelated"]
     lines.append("")
-    lines.append(f"noise band (baseline from {band['seeds']} noise seeds): accuracy ±{band['accuracy']:.3f}, "
-                 f"FD ±{band['fd']:.2f}" + ("" if unrelated is None else
-                 f"; two baselines from different noise: PSNR {unrelated['psnr']:.1f} dB, SSIM {unrelated['ssim']:.3f}"))
+    pair = "" if unrelated is None else (f"two baselines from different noise: PSNR {unrelated['psnr']:.1f} dB, SSIM "
+                                         f"{unrelated['ssim']:.3f}")
+    if clips:
+        lines.append(f"noise band (baseline from {band['seeds']} noise seeds): {pair}"
+                     + ("" if unrelated is None else f", temporal PSNR {unrelated['temporal_psnr']:.1f} dB"))
+    else:
+        lines.append(f"noise band (baseline from {band['seeds']} noise seeds): accuracy ±{band['accuracy']:.3f}, "
+                     f"FD ±{band['fd']:.2f}" + ("" if unrelated is None else f"; {pair}"))
     errors = [r.psnr_se for r in report["results"] if r.psnr_se is not None]
     if errors:
-        lines.append(f"resolution: at {report['images']} digits, PSNR differences under about {2 * max(errors):.1f} dB "
-                     f"(twice the largest standard error) are not resolved; accuracy and FD separate far less")
+        unit = "clips" if clips else "digits"
+        lines.append(f"resolution: at {report['images']} {unit}, PSNR differences under about {2 * max(errors):.1f} dB "
+                     f"(twice the largest standard error) are not resolved"
+                     + ("" if clips else "; accuracy and FD separate far less"))
     return "\n".join(lines)
 
 
@@ -246,6 +288,8 @@ def write_json(path: str, report: Dict[str, Any]) -> None:
         "noise_band": report["noise_band"],
         "results": [asdict(r) for r in report["results"]],
     }
+    if "fd_curve" in report:
+        doc["fd_curve"] = report["fd_curve"]
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(doc, f, indent=2)
@@ -260,6 +304,7 @@ def write_plot(path: str, report: Dict[str, Any]) -> None:
 
     results, band = report["results"], report["noise_band"]
     base = results[0]
+    clips = band["accuracy"] is None
     fig, axes = plt.subplots(1, 3, figsize=(15, 6.5))
     markers = "os^vD<>pPX*h"
     for i, r in enumerate(results):
@@ -268,17 +313,30 @@ def write_plot(path: str, report: Dict[str, Any]) -> None:
             axes[0].plot(r.speedup, r.psnr, label=r.name, **style)
         else:
             axes[0].plot([], [], label=r.name, **style)
-        axes[1].plot(r.speedup, r.accuracy, **style)
-        axes[2].plot(r.speedup, r.fd, **style)
+        if clips:
+            if r.temporal_psnr is not None:
+                axes[1].plot(r.speedup, r.temporal_psnr, **style)
+                axes[2].plot(range(len(r.psnr_by_frame)), r.psnr_by_frame, color=style["color"],
+                             marker=style["marker"])
+        else:
+            axes[1].plot(r.speedup, r.accuracy, **style)
+            axes[2].plot(r.speedup, r.fd, **style)
     if band["unrelated"] is not None:
         axes[0].axhline(band["unrelated"]["psnr"], color="grey", ls=":", label="two baselines, different noise")
-    for ax, key in ((axes[1], "accuracy"), (axes[2], "fd")):
-        ax.axhspan(getattr(base, key) - band[key], getattr(base, key) + band[key], color="grey", alpha=0.2)
     axes[0].set(ylabel="PSNR vs the baseline's samples (dB, higher = closer)")
-    axes[1].set(ylabel="classifier accuracy on the label (band: baseline noise)")
-    axes[2].set(ylabel="Frechet distance to real digits (band: baseline noise)")
-    for ax in axes:
+    if clips:
+        if band["unrelated"] is not None:
+            axes[1].axhline(band["unrelated"]["temporal_psnr"], color="grey", ls=":")
+        axes[1].set(ylabel="temporal PSNR: frame-to-frame changes vs the baseline's (dB)")
+        axes[2].set(ylabel="PSNR vs the baseline at each frame (dB)", xlabel="frame")
+    else:
+        for ax, key in ((axes[1], "accuracy"), (axes[2], "fd")):
+            ax.axhspan(getattr(base, key) - band[key], getattr(base, key) + band[key], color="grey", alpha=0.2)
+        axes[1].set(ylabel="classifier accuracy on the label (band: baseline noise)")
+        axes[2].set(ylabel="Frechet distance to real digits (band: baseline noise)")
+    for ax in axes[:2] if clips else axes:
         ax.set(xlabel="sampling speed-up vs baseline (x)")
+    for ax in axes:
         ax.grid(alpha=0.3)
     fig.legend(loc="lower center", ncol=4, fontsize=8)
     fig.suptitle(f"Yardstick ({report.get('arch', 'sd1')}): quality vs speed-up ({report['images']} digits, "
@@ -291,7 +349,8 @@ def write_plot(path: str, report: Dict[str, Any]) -> None:
 
 def add_arguments(parser: Any) -> None:
     parser.add_argument("--arch", choices=M.ARCHS, default="sd1",
-                        help="the yardstick model: sd1 (the digits UNet, default) or sd3 (the SD3-shaped transformer)")
+                        help="the yardstick model: sd1 (the digits UNet, default), sd3 (the SD3-shaped transformer) or "
+                             "video (AnimateDiff's motion UNet on moving digits, 8 frames)")
     parser.add_argument("--cache", choices=["fbc", "taylorseer"], default=None,
                         help="also run diffusers' step cache alone and stacked under each setting")
     parser.add_argument("--images", type=int, default=64, help="samples per setting (labels 0-9 in turn)")
@@ -300,6 +359,10 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--noise-seeds", type=int, default=3, help="baseline runs from distinct noise (the noise band)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", metavar="NAMES", help="comma-separated setting names (default: all)")
+    parser.add_argument("--fd-curve", metavar="N,N,...", default=None,
+                        help="also measure FD's resolution against the sample count: FD of each setting and of the "
+                             "baseline from every noise seed over the first N samples, for each N (the largest sets "
+                             "--images); image yardsticks only")
     parser.add_argument("--json", metavar="PATH", default="quality-out/quality.json")
     parser.add_argument("--plot", metavar="PATH", default="quality-out/quality.png")
     parser.add_argument("--weights", metavar="PATH", default=None, help="default: the shipped file for --arch")
@@ -314,6 +377,17 @@ def run(args: Any) -> int:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
         if args.noise_seeds < 2:
             raise ValueError("--noise-seeds must be at least 2: the noise band needs a second baseline")
+        counts = None
+        if args.fd_curve:
+            try:
+                counts = sorted({int(n) for n in args.fd_curve.split(",")})
+            except ValueError:
+                raise ValueError(f"--fd-curve takes sample counts like 64,256,1024, got {args.fd_curve!r}") from None
+            if counts[0] < 2:
+                raise ValueError("--fd-curve: every count must be at least 2 (FD fits a covariance)")
+            if M.spec(args.arch).frames is not None:
+                raise ValueError("--fd-curve: the video yardstick has no FD (its classifier reads centred digits)")
+            args.images = counts[-1]
         settings = SETTINGS[args.arch]
         if args.only:
             wanted = [n.strip() for n in args.only.split(",")]
@@ -323,8 +397,7 @@ def run(args: Any) -> int:
             settings = [settings[0]] + [s for s in settings[1:] if s.name in wanted]
         from ..bench import caches
 
-        caches.check(args.cache, "UNet2DConditionModel" if args.arch == "sd1" else "SD3Transformer2DModel",
-                     "torch", False, args.steps)
+        caches.check(args.cache, M.spec(args.arch).host, "torch", False, args.steps)
         settings = with_cache(settings, args.cache)
         if args.plot:
             import matplotlib  # noqa: F401  (checked before the work, not after)
@@ -338,10 +411,21 @@ def run(args: Any) -> int:
     with progress_bar(chunks * (len(settings) + args.noise_seeds - 1), "sampling chunks") as bar:
         report = evaluate(settings, args.images, args.chunk, args.steps, args.noise_seeds, args.seed, models, bar.update,
                           args.arch)
-    sampler = "DDIM" if args.arch == "sd1" else "flow-matching Euler"
-    print(f"\nyardstick ({args.arch}): {args.images} digits per setting, {args.steps} {sampler} steps, guidance "
+    sampler = "DDIM" if M.spec(args.arch).objective == "epsilon" else "flow-matching Euler"
+    unit = "digits" if M.spec(args.arch).frames is None else f"{M.spec(args.arch).frames}-frame clips"
+    print(f"\nyardstick ({args.arch}): {args.images} {unit} per setting, {args.steps} {sampler} steps, guidance "
           f"{sampling.GUIDANCE}, batch {2 * args.chunk} per denoiser call; times are sums over interleaved chunks")
     print(table(report))
+    if counts:
+        from . import fd_curve
+
+        samples = {s.name: report["samples"][s.name] for s in settings[1:]}
+        report["fd_curve"] = fd_curve.curve(samples, [report["samples"][settings[0].name]]
+                                            + report["baselines_other_noise"], report["classifier"],
+                                            report["real_features"], counts)
+        print(f"\nFD against the sample count (the band: the baseline's FD from {args.noise_seeds} noise seeds, "
+              f"largest difference):")
+        print(fd_curve.table(report["fd_curve"]))
     if args.json:
         write_json(args.json, report)
         print(f"results: {args.json}")
