@@ -334,3 +334,19 @@ def test_fd_curve_refuses_bad_input(argv, message, capsys):
     with pytest.raises(SystemExit) as done:
         main(["quality"] + argv)
     assert done.value.code == 2 and message in capsys.readouterr().err
+
+
+# ---- ratio schedules priced: the yardstick patches them through a pipeline whose scheduler counts steps ----
+def test_yardstick_prices_a_ratio_schedule(trained):
+    constant = Y.Setting("constant 0.5", dict(ratio_schedule=[(0.0, 0.5)]))
+    rising = Y.Setting("0.25 then 0.75", dict(ratio_schedule=[(0.0, 0.25), (0.5, 0.75)]))
+    low, high = Y.Setting("r=0.25", dict(ratio=0.25)), Y.Setting("r=0.75", dict(ratio=0.75))
+    settings = [Y.DEFAULT_SETTINGS[0], EXACT, constant, rising, low, high]
+    report = Y.evaluate(settings, models=trained, images=20, chunk=20, steps=4, noise_seeds=2)
+    samples = report["samples"]
+    assert torch.equal(samples[constant.name], samples[EXACT.name])  # a constant schedule is exact ToMe
+    # two ratios over the run: samples of their own, neither ratio's throughout
+    assert not torch.equal(samples[rising.name], samples[low.name])
+    assert not torch.equal(samples[rising.name], samples[high.name])
+    assert math.isfinite(scores(report, rising.name).psnr)
+    assert [s.name for s in Y.DEFAULT_SETTINGS if "schedule" in s.name]  # and `quality` prices two by default

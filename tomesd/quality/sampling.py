@@ -20,6 +20,20 @@ def scheduler(arch: str = "sd1"):
     return DDIMScheduler(num_train_timesteps=1000, beta_schedule="squaredcos_cap_v2", clip_sample=True)
 
 
+def pipeline(denoiser, arch: str = "sd1"):
+    """A diffusers pipeline that holds the denoiser and a fresh scheduler and runs nothing itself: what a
+    setting patches when it needs a pipeline's loop (a `ratio_schedule` follows the run's progress, which
+    only the scheduler's steps tell on the host). `sample(..., sched=pipe.scheduler)` drives that loop."""
+    from diffusers import DiffusionPipeline
+
+    class YardstickPipeline(DiffusionPipeline):
+        def __init__(self, denoiser, scheduler):
+            super().__init__()
+            self.register_modules(denoiser=denoiser, scheduler=scheduler)
+
+    return YardstickPipeline(denoiser, scheduler(arch))
+
+
 def noise(count: int, seed: int, arch: str = "sd1"):
     """Starting noise for `count` samples: [count, 1, 32, 32], or [count, 1, frames, 32, 32] for a video arch."""
     import torch
@@ -29,11 +43,12 @@ def noise(count: int, seed: int, arch: str = "sd1"):
     return torch.randn((count, 1) + (() if frames is None else (frames,)) + (M.IMAGE, M.IMAGE), generator=g)
 
 
-def sample(unet, labels_embedding, labels, x, steps: int = STEPS, guidance: float = GUIDANCE, arch: str = "sd1"):
+def sample(unet, labels_embedding, labels, x, steps: int = STEPS, guidance: float = GUIDANCE, arch: str = "sd1",
+           sched=None):
     """Images (clips) in [-1, 1] from starting noise `x` ([N, 1, 32, 32], or [N, 1, F, 32, 32]) for `labels` [N]."""
     import torch
 
-    sched = scheduler(arch)
+    sched = scheduler(arch) if sched is None else sched  # a patched pipeline's scheduler: its clock counts the steps
     sched.set_timesteps(steps)
     null = torch.full_like(labels, M.NULL_CLASS)
     context = M.context(labels_embedding, torch.cat([labels, null]))

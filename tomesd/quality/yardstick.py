@@ -59,6 +59,9 @@ DEFAULT_SETTINGS = [
     Setting("ToMe r=0.5 max_downsample=4", dict(ratio=0.5, max_downsample=4)),
     Setting("ToMe r=0.5 max_downsample=4 reuse 3", dict(ratio=0.5, max_downsample=4, reuse_steps=3)),
     Setting("downsample f=2 nearest max_downsample=4", dict(mode="downsample", max_downsample=4)),
+    # Ratios over the run's progress (tomesd #28), patched through a pipeline whose scheduler counts the steps.
+    Setting("ToMe r=0.25 then 0.75 (schedule)", dict(ratio_schedule=[(0.0, 0.25), (0.5, 0.75)])),
+    Setting("ToMe r=0.75 then 0.25 (schedule)", dict(ratio_schedule=[(0.0, 0.75), (0.5, 0.25)])),
 ]
 
 # The SD3-shaped model: one 32x32 patch grid in every one of its 4 joint blocks (the last context_pre_only).
@@ -141,16 +144,20 @@ def _sample_chunk(unet: Any, labels_embedding: Any, setting: Setting, labels: An
 
     from ..bench.caches import enabled
 
+    # A ratio schedule needs a pipeline's loop: the denoiser is patched through a pipeline that holds it.
+    scheduled = setting.kwargs is not None and setting.kwargs.get("ratio_schedule") is not None
+    target = sampling.pipeline(unet, arch) if scheduled else unet
     with enabled(unet, setting.cache):  # a fresh cache for each chunk's sampling run
         if setting.kwargs is not None:
-            tomesd.apply_patch(unet, **setting.kwargs)
+            tomesd.apply_patch(target, **setting.kwargs)
         try:
             start = time.perf_counter()
-            images = sampling.sample(unet, labels_embedding, labels, noise, steps=steps, arch=arch)
+            images = sampling.sample(unet, labels_embedding, labels, noise, steps=steps, arch=arch,
+                                     sched=target.scheduler if scheduled else None)
             return images, time.perf_counter() - start
         finally:
             if setting.kwargs is not None:
-                tomesd.remove_patch(unet)
+                tomesd.remove_patch(target)
 
 
 def evaluate(
