@@ -24,13 +24,15 @@ def bench(argv):
 
 @pytest.fixture
 def forwards(monkeypatch):
-    """Every UNet the benchmark builds and every forward it runs, recorded."""
+    """Every UNet the benchmark builds and every forward it runs, recorded ("forward", or "meta forward" for the
+    FLOPs count on the meta device)."""
     from tomesd.bench.kits import TorchKit
 
     seen = []
     build, forward = TorchKit.build, TorchKit.forward
     monkeypatch.setattr(TorchKit, "build", lambda self, *a: (seen.append("build"), build(self, *a))[1])
-    monkeypatch.setattr(TorchKit, "forward", lambda self, *a: (seen.append("forward"), forward(self, *a))[1])
+    monkeypatch.setattr(TorchKit, "forward", lambda self, *a: (
+        seen.append("meta forward" if self.device.type == "meta" else "forward"), forward(self, *a))[1])
     return seen
 
 
@@ -59,7 +61,8 @@ def test_runs_without_tqdm(tmp_path, monkeypatch, capsys, forwards):
     rows = json.loads(out_json.read_text())["results"]
     # the default run: the baseline, ToMe at the one ratio given, and downsampling
     assert [(r["method"], r["mode"]) for r in rows] == [("baseline", "merge"), ("tome", "merge"), ("tome", "downsample")]
-    assert forwards.count("forward") == 3 * 2  # per configuration: one timed forward, one measured
+    assert forwards.count("forward") == 3 * 2  # per configuration: one timed forward, one measured ...
+    assert forwards.count("meta forward") == 3  # ... and one FLOPs count on the meta device
 
 
 def _fake_reference(refs: Path, where: str) -> None:
