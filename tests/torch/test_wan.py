@@ -148,6 +148,33 @@ def test_time_stride_two_merges_tokens_across_neighbouring_frames(model):
     assert (outs[1] - outs[2]).abs().max().item() > 1000 * TOL
 
 
+def test_random_dst_places_span_the_frames_of_a_space_time_cell(model, monkeypatch):
+    """With use_rand (the default) each st x 2 x 2 cell draws its dst among all of its st * 4 places, so at
+    st=2 dsts land in every frame, not only in each cell's first (which would leave odd frames holding no dst
+    and score them systematically worse than even ones)."""
+    merges = []
+
+    def spy(*args, **kwargs):
+        merges.append(compute_shared_merge(*args, **kwargs))
+        return merges[-1]
+
+    monkeypatch.setattr(hooks, "compute_shared_merge", spy)
+    inputs = T.wan_inputs(frames=4, h=8, w=8)
+    frames = grid_coords(4, 4, 4)[0]
+    dst_frames = {}
+    for st in (1, 2):
+        merges.clear()
+        tomesd.apply_patch(model, ratio=0.5, st=st)
+        try:
+            T.run_wan(model, inputs)
+        finally:
+            tomesd.remove_patch(model)
+        num_dst = 64 // (st * 4)  # one per cell; the merged rows end with them
+        dst_frames[st] = [sorted(set(frames[m.representatives[-num_dst:]].tolist())) for m in merges]
+    assert len(dst_frames[2]) == len(model.blocks)
+    assert all(f == [0, 1, 2, 3] for f in dst_frames[1] + dst_frames[2]), dst_frames
+
+
 def test_one_matching_serves_the_batch(model):
     one = T.wan_inputs(batch=1)
     two = {k: torch.cat([v, v]) for k, v in one.items()}

@@ -141,7 +141,7 @@ class _Call:
         self.ids: Any = None  # Flux: the ids tensor itself, which tells grids of one token count apart
         self.timestep: Any = None
         self.key: Any = None  # computed at the call's first random draw, inside the forward
-        self.draws: Dict[int, Any] = {}  # cells per block -> [blocks, cells] dst places
+        self.draws: Dict[Tuple[int, int], Any] = {}  # (cells, places per cell) -> [blocks, cells] dst places
         self.finest_level: Optional[int] = None  # level of the call's first attention block
         self.merges: Dict[int, Plan] = {}
         self.pending: Dict[int, Tuple[Any, Any, bool]] = {}  # block -> (block, its input, grad mode), until used
@@ -552,26 +552,28 @@ class ToMePatch:
             coords = call.coords[0]
             strides = (args.st, args.sy, args.sx)[-len(coords):]  # (sy, sx) on an image, (st, sy, sx) on a video
             if args.use_rand:
-                offsets = self._offsets(index, x, ops.shape(x)[1] // math.prod(strides), call)
+                volume = math.prod(strides)  # a space-time cell's places span its frames too
+                offsets = self._offsets(index, x, ops.shape(x)[1] // volume, volume, call)
             if plan.site_r:
                 return _per_site(plan, compute_shared_merges(ops, x, coords, strides, [r for _, r in plan.site_r], offsets))
             return compute_shared_merge(ops, x, coords, strides, plan.r, offsets)
         if plan.use_rand:
-            offsets = self._offsets(index, x, num_cells(plan.w, plan.h, args.sx, args.sy), call)
+            offsets = self._offsets(index, x, num_cells(plan.w, plan.h, args.sx, args.sy), args.sx * args.sy, call)
         if plan.site_r:  # per-site ratios: one matching, a merge per site
             return _per_site(plan, compute_merges(ops, x, plan.w, plan.h, args.sx, args.sy,
                                                   [r for _, r in plan.site_r], offsets))
         return compute_merge(ops, x, plan.w, plan.h, args.sx, args.sy, plan.r, offsets)
 
-    def _offsets(self, index: int, x: Any, cells: int, call: _Call) -> Any:
-        """Block `index`'s dst place in each of `cells` cells: one table per call and cell count."""
+    def _offsets(self, index: int, x: Any, cells: int, places: int, call: _Call) -> Any:
+        """Block `index`'s dst place in each of `cells` cells of `places` tokens (sx * sy on an image,
+        st * sy * sx on a space-time grid): one table per call, cell count and cell size."""
         ops, args = self.ops, self.args
-        table = call.draws.get(cells)
+        table = call.draws.get((cells, places))
         if table is None:
             if call.key is None:
                 call.key = rng.call_key(ops, args.rand_seed, call.timestep)
-            table = rng.randint(ops, x, [len(self.blocks), cells], args.sx * args.sy, call.key)
-            call.draws[cells] = table
+            table = rng.randint(ops, x, [len(self.blocks), cells], places, call.key)
+            call.draws[(cells, places)] = table
         return table[index]
 
     def _merge_input(self, index: int, layer: Sublayer, module: Any, args: tuple, kwargs: dict):
