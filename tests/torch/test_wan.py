@@ -172,7 +172,12 @@ def test_random_dst_places_span_the_frames_of_a_space_time_cell(model, monkeypat
         num_dst = 64 // (st * 4)  # one per cell; the merged rows end with them
         dst_frames[st] = [sorted(set(frames[m.representatives[-num_dst:]].tolist())) for m in merges]
     assert len(dst_frames[2]) == len(model.blocks)
-    assert all(f == [0, 1, 2, 3] for f in dst_frames[1] + dst_frames[2]), dst_frames
+    # Control: at st=1 a cell lies in one frame, so every frame holds dsts in every block by construction.
+    assert all(f == [0, 1, 2, 3] for f in dst_frames[1]), dst_frames
+    # At st=2 each block's 8 dsts each fall in a cell's second frame with probability 1/2: over both blocks
+    # none in an odd frame would be a 2**-16 draw, and it was every draw before the fix.
+    odd = [f for fs in dst_frames[2] for f in fs if f % 2]
+    assert odd, dst_frames
 
 
 def test_one_matching_serves_the_batch(model):

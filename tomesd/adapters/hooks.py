@@ -141,7 +141,7 @@ class _Call:
         self.ids: Any = None  # Flux: the ids tensor itself, which tells grids of one token count apart
         self.timestep: Any = None
         self.key: Any = None  # computed at the call's first random draw, inside the forward
-        self.draws: Dict[Tuple[int, int], Any] = {}  # (cells, places per cell) -> [blocks, cells] dst places
+        self.draws: Dict[int, Any] = {}  # cells per block -> [blocks, cells] dst places
         self.finest_level: Optional[int] = None  # level of the call's first attention block
         self.merges: Dict[int, Plan] = {}
         self.pending: Dict[int, Tuple[Any, Any, bool]] = {}  # block -> (block, its input, grad mode), until used
@@ -185,9 +185,10 @@ class ToMePatch:
 
     def __init__(self, root: Any, args: ToMeArgs, ops: Any):
         self.root, self.args, self.ops = root, args, ops
-        # Plain values for the per-call path: paddle's SOT translator crashed (segfault) simulating
-        # ToMeArgs' properties inside a to_static'd forward.
-        self._steps_reused, self._reuses = args.steps_reused, args.reuses
+        # Plain values for the per-call path: paddle's SOT translator cannot simulate ToMeArgs' properties
+        # inside a to_static'd forward (it crashed on steps_reused, and raised on rand_seed once a graph
+        # break left `_offsets` to a resume function).
+        self._steps_reused, self._reuses, self._seed = args.steps_reused, args.reuses, args.rand_seed
         self.clock: Any = None  # a clock.StepClock when a pipeline was patched with reuse_steps > 1
         self.slot = 0  # this denoiser's place among its pipeline's (the clock's keys)
         self.blocks = transformer_blocks(ops, root)
@@ -566,14 +567,15 @@ class ToMePatch:
 
     def _offsets(self, index: int, x: Any, cells: int, places: int, call: _Call) -> Any:
         """Block `index`'s dst place in each of `cells` cells of `places` tokens (sx * sy on an image,
-        st * sy * sx on a space-time grid): one table per call, cell count and cell size."""
-        ops, args = self.ops, self.args
-        table = call.draws.get((cells, places))
+        st * sy * sx on a space-time grid): one table per call and cell count. A patch's cell size never
+        changes, so the cell count alone keys the table (an int: paddle's SOT cannot simulate a tuple key)."""
+        ops = self.ops
+        table = call.draws.get(cells)
         if table is None:
             if call.key is None:
-                call.key = rng.call_key(ops, args.rand_seed, call.timestep)
+                call.key = rng.call_key(ops, self._seed, call.timestep)
             table = rng.randint(ops, x, [len(self.blocks), cells], places, call.key)
-            call.draws[(cells, places)] = table
+            call.draws[cells] = table
         return table[index]
 
     def _merge_input(self, index: int, layer: Sublayer, module: Any, args: tuple, kwargs: dict):
