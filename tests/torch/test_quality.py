@@ -24,8 +24,18 @@ def scores(report, name):
     return next(r for r in report["results"] if r.name == name)
 
 
-def test_trained_baseline_draws_the_digits_it_is_asked_for(trained):
-    report = Y.evaluate([Y.DEFAULT_SETTINGS[0], EXACT], models=trained, **SMALL)
+# Runs that only compare settings skip the baseline's second noise seed: it feeds the floor (the noise band),
+# which PSNR and SSIM against the baseline and FD against real digits do not use.
+NO_FLOOR = dict(SMALL, noise_seeds=1)
+
+
+@pytest.fixture(scope="module")
+def sd1_exact(trained):
+    return Y.evaluate([Y.DEFAULT_SETTINGS[0], EXACT], models=trained, **SMALL)
+
+
+def test_trained_baseline_draws_the_digits_it_is_asked_for(sd1_exact):
+    report = sd1_exact
     base = scores(report, "baseline")
     assert base.accuracy >= 0.8, base  # an untrained model scores near chance (below)
     exact = scores(report, EXACT.name)
@@ -59,11 +69,12 @@ def broken_unmerge(monkeypatch):
 
 @pytest.mark.parametrize("setting,psnr_drop,ssim_drop,fd_factor", [(EXACT, 1.5, 0.005, None), (ALL_LEVELS, 6, 0.1, 1.5)],
                          ids=["default-level", "every-level"])
-def test_a_broken_merge_scores_clearly_worse_than_exact_tome(trained, monkeypatch, setting, psnr_drop, ssim_drop,
-                                                            fd_factor):
-    exact = scores(Y.evaluate([Y.DEFAULT_SETTINGS[0], setting], models=trained, **SMALL), setting.name)
+def test_a_broken_merge_scores_clearly_worse_than_exact_tome(trained, sd1_exact, monkeypatch, setting, psnr_drop,
+                                                            ssim_drop, fd_factor):
+    exact = (scores(sd1_exact, setting.name) if setting is EXACT
+             else scores(Y.evaluate([Y.DEFAULT_SETTINGS[0], setting], models=trained, **NO_FLOOR), setting.name))
     broken_unmerge(monkeypatch)
-    broken = scores(Y.evaluate([Y.DEFAULT_SETTINGS[0], setting], models=trained, **SMALL), setting.name)
+    broken = scores(Y.evaluate([Y.DEFAULT_SETTINGS[0], setting], models=trained, **NO_FLOOR), setting.name)
     assert broken.psnr < exact.psnr - psnr_drop, (broken, exact)  # farther from the baseline's samples
     assert broken.ssim < exact.ssim - ssim_drop, (broken, exact)
     if fd_factor is not None:
@@ -71,14 +82,14 @@ def test_a_broken_merge_scores_clearly_worse_than_exact_tome(trained, monkeypatc
     # Accuracy is not asserted: both score 1.0 on 40 samples, so it cannot rank these (see the README).
 
 
-def test_an_untrained_model_scores_near_chance(trained):
+def test_an_untrained_model_scores_near_chance(trained, sd1_exact):
     torch.manual_seed(0)  # before building: the initial weights come from the global generator
     untrained = M.build()
     for module in untrained:
         module.eval()
     models = (untrained[0], untrained[1], trained[2])  # the trained classifier judges it
-    base = scores(Y.evaluate([Y.DEFAULT_SETTINGS[0]], models=models, **SMALL), "baseline")
-    good = scores(Y.evaluate([Y.DEFAULT_SETTINGS[0]], models=trained, **SMALL), "baseline")
+    base = scores(Y.evaluate([Y.DEFAULT_SETTINGS[0]], models=models, **NO_FLOOR), "baseline")
+    good = scores(sd1_exact, "baseline")
     assert good.accuracy >= 0.8 and base.accuracy <= 0.3, (base, good)
     assert base.fd > 3 * good.fd, (base, good)
 
@@ -149,7 +160,7 @@ def test_sd3_yardstick_draws_digits_and_prices_tome(sd3_exact):
 def test_sd3_yardstick_scores_a_broken_merge_clearly_worse(trained_sd3, sd3_exact, monkeypatch):
     exact = scores(sd3_exact, EXACT.name)
     broken_unmerge(monkeypatch)
-    broken = scores(Y.evaluate([SD3_BASE, EXACT], models=trained_sd3, arch="sd3", **SMALL), EXACT.name)
+    broken = scores(Y.evaluate([SD3_BASE, EXACT], models=trained_sd3, arch="sd3", **NO_FLOOR), EXACT.name)
     assert broken.psnr < exact.psnr - 3 and broken.ssim < exact.ssim - 0.02, (broken, exact)
 
 
@@ -184,6 +195,7 @@ def test_quality_command_refuses_a_cache_diffusers_fails_on(capsys):
 # ---- the video yardstick: AnimateDiff's motion UNet on digits sliding over 8 frames ----
 VIDEO_BASE = Y.VIDEO_SETTINGS[0]
 VIDEO_SMALL = dict(images=8, chunk=8, steps=8, noise_seeds=2)
+VIDEO_NO_FLOOR = dict(VIDEO_SMALL, noise_seeds=1)
 
 
 @pytest.fixture(scope="module")
@@ -239,6 +251,8 @@ def test_video_yardstick_prices_tome_per_frame_and_over_time(video_exact):
     assert exact.psnr_by_frame == pytest.approx([frame_psnr(x[:, :, f], base[:, :, f]) for f in range(M.FRAMES)],
                                                 abs=1e-4)
     assert exact.temporal_psnr == pytest.approx(frame_psnr(x.diff(dim=2), base.diff(dim=2)), abs=1e-4)
+    per_clip = torch.tensor([frame_psnr(c.diff(dim=1), b.diff(dim=1)) for c, b in zip(x, base)])
+    assert exact.temporal_psnr_se == pytest.approx(float(per_clip.std() / len(per_clip) ** 0.5), rel=1e-3)
     assert exact.temporal_psnr > unrelated["temporal_psnr"] + 10
     table = Y.table(report)
     assert "temporal PSNR vs baseline" in table and "clips" in table
@@ -247,7 +261,8 @@ def test_video_yardstick_prices_tome_per_frame_and_over_time(video_exact):
 def test_video_yardstick_scores_a_broken_merge_clearly_worse(trained_video, video_exact, monkeypatch):
     exact = scores(video_exact, EXACT.name)
     broken_unmerge(monkeypatch)
-    broken = scores(Y.evaluate([VIDEO_BASE, EXACT], models=trained_video, arch="video", **VIDEO_SMALL), EXACT.name)
+    broken = scores(Y.evaluate([VIDEO_BASE, EXACT], models=trained_video, arch="video",
+                               **VIDEO_NO_FLOOR), EXACT.name)
     assert broken.psnr < exact.psnr - 1.5 and broken.temporal_psnr < exact.temporal_psnr - 1.5, (broken, exact)
 
 
@@ -273,6 +288,46 @@ def test_moving_digits_slide_in_straight_lines_and_bounce():
             assert turns <= 1, step[:, axis]
         moved += bool(step.abs().sum())
     assert moved >= 12  # most clips move
+
+
+# ---- the space-time yardstick: Wan's transformer on the same clips, one grid of frames x rows x columns ----
+WAN_BASE = Y.WAN_SETTINGS[0]
+LIGHT = Y.Setting("ToMe r=0.25", dict(ratio=0.25))
+CROSS_FRAME = Y.Setting("ToMe r=0.5 st=2", dict(ratio=0.5, st=2))
+WAN_SMALL = dict(images=4, chunk=4, steps=6, noise_seeds=2)
+
+
+@pytest.fixture(scope="module")
+def wan_report():
+    return Y.evaluate([WAN_BASE, LIGHT, EXACT, CROSS_FRAME], models=M.load(arch="wan"), arch="wan", **WAN_SMALL)
+
+
+def test_wan_yardstick_draws_clips_that_hold_together_over_time(wan_report):
+    """Trained on moving digits, Wan keeps a clip's frames alike: each frame is far closer to its own clip's
+    next frame than to the next frame of another clip of the label; an untrained Wan draws noise, alike to
+    neither."""
+    torch.manual_seed(0)  # before building: the initial weights come from the global generator
+    untrained = M.build("wan")
+    for module in untrained:
+        module.eval()
+    models = (untrained[0], untrained[1], M.load(arch="wan")[2])
+    noise = coherence(Y.evaluate([WAN_BASE], models=models, arch="wan", **WAN_SMALL))
+    assert coherence(wan_report) > 3 and abs(noise) < 1, (coherence(wan_report), noise)
+
+
+def test_wan_yardstick_prices_cross_frame_merging_beside_per_frame(wan_report):
+    """st=2 (one dst per two frames: tokens merge into the neighbouring frame's) is a setting of its own, priced
+    per frame and over time like st=1; the yardstick resolves ratios (r=0.25 clearly closer than r=0.5) and
+    places r=0.5 above unrelated clips."""
+    samples, unrelated = wan_report["samples"], wan_report["noise_band"]["unrelated"]
+    assert not torch.equal(samples[CROSS_FRAME.name], samples[EXACT.name])
+    light = scores(wan_report, LIGHT.name)
+    for name in (EXACT.name, CROSS_FRAME.name):
+        r = scores(wan_report, name)
+        assert math.isfinite(r.psnr) and r.psnr > unrelated["psnr"] + 1 and r.above_floor is True, (r, unrelated)
+        assert len(r.psnr_by_frame) == M.FRAMES and math.isfinite(r.temporal_psnr), r
+        assert light.psnr > r.psnr + 2 and light.temporal_psnr > r.temporal_psnr + 2, (light, r)
+    assert [s.kwargs.get("st") for s in Y.WAN_SETTINGS[1:]].count(2) >= 2  # `quality --arch wan` prices st=2
 
 
 # ---- FD against the sample count: where FD starts to separate settings ----

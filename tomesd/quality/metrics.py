@@ -52,6 +52,12 @@ def temporal_psnr(clips: Any, reference: Any) -> float:
     return float(peak_signal_noise_ratio(change, ref_change, data_range=2.0))
 
 
+def temporal_psnr_per_clip(clips: Any, reference: Any) -> Any:
+    """`temporal_psnr` of each clip alone: [N], whose standard error says which temporal differences between
+    settings a run resolves."""
+    return psnr_per_image(clips.diff(dim=2), reference.diff(dim=2))
+
+
 def standard_error(values: Any) -> float:
     """The standard error of the mean of per-image values: what a difference of means must exceed (about
     twice over) to be resolved at this sample count."""

@@ -6,7 +6,10 @@ whose features score their samples. All are small enough to train on a laptop CP
   vector, rectified flow sampled with Euler steps as SD3 is), patch size 1, so its grid is 32x32 too;
 - `video`: AnimateDiff's `UNetMotionModel`, the `sd1` UNet with a motion adapter (temporal attention over
   the frames at every level), fine-tuned from the `sd1` weights on digits sliding across the canvas over
-  8 frames, as AnimateDiff trains a motion adapter on an image model. Its spatial blocks see one frame."""
+  8 frames, as AnimateDiff trains a motion adapter on an image model. Its spatial blocks see one frame;
+- `wan`: Wan's `WanTransformer3DModel` on the same clips, rectified flow as Wan trains: every frame's 2x2
+  patches in one sequence (8 x 16 x 16 = 2048 tokens), so ToMe merges on a space-time grid and `st=2` lets a
+  token merge into a neighbouring frame's."""
 from __future__ import annotations
 
 import os
@@ -25,8 +28,10 @@ class Arch:
     objective: str         # "epsilon" (DDPM training, DDIM sampling) or "flow" (rectified flow, Euler sampling)
     host: str              # the denoiser's class name (which step caches it takes)
     frames: Optional[int]  # None: images [N, 1, 32, 32]; else videos [N, 1, frames, 32, 32]
-    steps: int             # default training steps and batch (python -m tomesd.quality.train)
+    steps: int             # default training steps, batch and learning rate (python -m tomesd.quality.train)
     batch: int
+    lr: float = 1e-3
+    init_from: Optional[str] = None  # the arch whose shipped weights training starts from (None: from scratch)
 
 
 FRAMES = 8  # the video yardstick's clip length
@@ -35,7 +40,9 @@ ARCH_SPECS: Dict[str, Arch] = {
     "sd3": Arch(os.path.join(_WEIGHTS_DIR, "yardstick-sd3.safetensors"), "transformer.", "flow",
                 "SD3Transformer2DModel", None, 1500, 32),
     "video": Arch(os.path.join(_WEIGHTS_DIR, "yardstick-video.safetensors"), "unet.", "epsilon", "UNetMotionModel",
-                  FRAMES, 700, 8),
+                  FRAMES, 700, 8, lr=5e-4, init_from="sd1"),
+    "wan": Arch(os.path.join(_WEIGHTS_DIR, "yardstick-wan.safetensors"), "transformer.", "flow",
+                "WanTransformer3DModel", FRAMES, 2000, 8),
 }
 ARCHS = tuple(ARCH_SPECS)
 WEIGHTS_BY_ARCH = {name: spec.weights for name, spec in ARCH_SPECS.items()}
@@ -84,6 +91,22 @@ MOTION_CONFIG: Dict = dict(block_out_channels=UNET_CONFIG["block_out_channels"],
                            motion_num_attention_heads=1, motion_norm_num_groups=8, motion_max_seq_length=FRAMES)
 
 
+# Wan's layout at the SD3 yardstick's width: one head of 48 (Wan's rotary splits it 16 / 16 / 16 over frames,
+# rows and columns), four blocks, the label's tokens as the text.
+WAN_CONFIG: Dict = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=1,
+    attention_head_dim=48,
+    in_channels=1,
+    out_channels=1,
+    text_dim=CONTEXT_DIM,
+    freq_dim=64,
+    ffn_dim=192,
+    num_layers=4,
+    rope_max_seq_len=64,
+)
+
+
 def spec(arch: str) -> Arch:
     if arch not in ARCH_SPECS:
         raise ValueError(f"arch must be one of {', '.join(ARCHS)}, got {arch!r}")
@@ -104,6 +127,10 @@ def build(arch: str = "sd1") -> Tuple["object", "object", "object"]:
         from diffusers import MotionAdapter, UNet2DConditionModel, UNetMotionModel
 
         denoiser = UNetMotionModel.from_unet2d(UNet2DConditionModel(**UNET_CONFIG), MotionAdapter(**MOTION_CONFIG))
+    elif arch == "wan":
+        from diffusers import WanTransformer3DModel
+
+        denoiser = WanTransformer3DModel(**WAN_CONFIG)
     else:
         from diffusers import SD3Transformer2DModel
 
@@ -115,14 +142,16 @@ def build(arch: str = "sd1") -> Tuple["object", "object", "object"]:
 
 def predict(arch: str, denoiser, x, t, context):
     """The denoiser's output for images (videos) `x` at timestep `t` (a scalar tensor or one per sample) under
-    the label tokens `context`: epsilon for `sd1` and `video`, the flow velocity for `sd3`. SD3's pooled text
-    vector is the mean of the label's tokens; the video model takes the label once per frame, as
-    AnimateDiff's pipeline repeats the prompt."""
+    the label tokens `context`: epsilon for `sd1` and `video`, the flow velocity for `sd3` and `wan`. SD3's
+    pooled text vector is the mean of the label's tokens; the motion UNet takes the label once per frame, as
+    AnimateDiff's pipeline repeats the prompt; Wan takes it once per clip."""
     if arch == "sd1":
         return denoiser(x, t, context).sample
     if arch == "video":
         return denoiser(x, t, context.repeat_interleave(x.shape[2], dim=0)).sample
     t = t.expand(x.shape[0]) if t.dim() == 0 else t
+    if arch == "wan":
+        return denoiser(hidden_states=x, timestep=t, encoder_hidden_states=context).sample
     return denoiser(hidden_states=x, encoder_hidden_states=context, pooled_projections=context.mean(1),
                     timestep=t).sample
 

@@ -1,7 +1,7 @@
 """Deterministic class-conditional sampling with a yardstick denoiser and classifier-free guidance, the two
 halves in one batch as SD pipelines run them (so ToMe sees SD's batch-2 shape): DDIM for the `sd1` and
-`video` UNets, flow-matching Euler steps for the `sd3` transformer (SD3's own scheduler, at shift 1 for a
-32x32 image)."""
+`video` UNets, flow-matching Euler steps for the `sd3` and `wan` transformers (SD3's own scheduler, at shift
+1 for a 32x32 image)."""
 from __future__ import annotations
 
 from . import model as M

@@ -3,9 +3,11 @@
 Trains, on scikit-learn's digits upscaled to 32x32, (1) the classifier that scores samples and (2) the
 class-conditional denoiser (10% of labels dropped for classifier-free guidance, EMA weights kept): with
 `--arch sd1` (default) the UNet, epsilon prediction; with `--arch sd3` the SD3 transformer, rectified flow
-(velocity prediction, noise levels drawn logit-normal as SD3 trains), which reuses the shipped `sd1`
-file's classifier so that both yardsticks are judged by the same one. Everything is seeded; on the
-project's 2-core CPU it took the time printed at the end (stored in the file's metadata).
+(velocity prediction, noise levels drawn logit-normal as SD3 trains); with `--arch video` AnimateDiff's motion
+UNet, from the `sd1` weights, on moving digits; with `--arch wan` Wan's transformer, rectified flow, on the
+same clips. Every arch but `sd1` reuses the shipped `sd1` file's classifier so that all yardsticks are
+judged by the same one. Everything is seeded; on the project's 2-core CPU it took the time printed at the
+end (stored in the file's metadata).
 Never run in tests or CI."""
 from __future__ import annotations
 
@@ -45,15 +47,16 @@ def train_classifier(x, y, seed: int, epochs: int = 30):
     return clf, acc
 
 
-def train_unet(x, y, seed: int, steps: int, batch: int, lr: float, arch: str = "sd1"):
+def train_denoiser(x, y, seed: int, steps: int, batch: int, lr: float, arch: str = "sd1"):
     import torch
     from diffusers import DDPMScheduler
 
     torch.manual_seed(seed)
     spec = M.spec(arch)
     unet, labels, _ = M.build(arch)
-    if arch == "video":  # AnimateDiff's recipe: the motion modules join a trained image model
-        image_unet, image_labels, _ = M.load(arch="sd1")
+    # Start from `init_from`'s trained weights (the video arch: AnimateDiff's motion modules join the image UNet)
+    if spec.init_from is not None:
+        image_unet, image_labels, _ = M.load(arch=spec.init_from)
         unet.load_state_dict(image_unet.state_dict(), strict=False)
         labels.load_state_dict(image_labels.state_dict())
         for module in (unet, labels):
@@ -108,23 +111,24 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m tomesd.quality.train", description=__doc__)
     p.add_argument("--arch", choices=M.ARCHS, default="sd1")
     p.add_argument("--out", help="default: the shipped file for --arch")
-    p.add_argument("--steps", type=int, help="default: 1000 (sd1), 1500 (sd3), 700 (video)")
-    p.add_argument("--batch", type=int, help="default: 64 (sd1), 32 (sd3), 8 clips (video)")
-    p.add_argument("--lr", type=float, help="default: 1e-3 (sd1, sd3), 5e-4 (video: a fine-tuned image model)")
+    defaults = {name: f"{name} {s.steps} steps of {s.batch} at lr {s.lr:g}" for name, s in M.ARCH_SPECS.items()}
+    p.add_argument("--steps", type=int, help="default: per arch (" + "; ".join(defaults.values()) + ")")
+    p.add_argument("--batch", type=int, help="default: per arch (clips for video archs)")
+    p.add_argument("--lr", type=float, help="default: per arch (lower where training starts from an image model)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     arch = args.arch
     out = args.out or M.WEIGHTS_BY_ARCH[arch]
     steps = args.steps or M.spec(arch).steps
     batch = args.batch or M.spec(arch).batch
-    args.lr = args.lr or (5e-4 if M.spec(arch).frames is not None else 1e-3)
+    args.lr = args.lr or M.spec(arch).lr
 
     x, y = M.digits()
     if arch == "sd1":
         clf, _ = train_classifier(x, y, args.seed)
     else:
         clf = M.load(arch="sd1")[2]
-    unet, labels, seconds = train_unet(x, y, args.seed, steps, batch, args.lr, arch)
+    unet, labels, seconds = train_denoiser(x, y, args.seed, steps, batch, args.lr, arch)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     tensors = {k: v.half() for k, v in M.state_dicts(unet, labels, clf, arch).items()}
     save_file(tensors, out, metadata={"command": f"python -m tomesd.quality.train --arch {arch} --steps {steps} "

@@ -1,7 +1,8 @@
 """`python -m tomesd quality`: what each setting costs in quality, and buys in speed, on the
 project's own class-conditional digits models (proxies for SD, see the README): `--arch sd1` (default)
 the UNet, `--arch sd3` the SD3-shaped joint-attention transformer, `--arch video` AnimateDiff's motion
-UNet on moving digits. `--cache` adds one of diffusers' step caches, alone and stacked under each setting.
+UNet on moving digits, `--arch wan` Wan's space-time transformer on the same clips. `--cache` adds one of
+diffusers' step caches, alone and stacked under each setting.
 
 Every setting samples the same labels from the same noise as the baseline, in chunks that are
 interleaved across settings (alternating order), so timings are side by side. Scores:
@@ -10,7 +11,7 @@ interleaved across settings (alternating order), so timings are side by side. Sc
   classifier's features to those of all 1797 real digits: whether the samples are still right;
 - the noise band: the baseline again from other noise seeds. A setting whose accuracy and FD differ
   from the baseline's by no more than the baseline differs from itself across seeds is "within noise".
-Clips (`video`) are scored frame by frame (PSNR, SSIM, and PSNR at each frame index) and for temporal
+Clips (`video`, `wan`) are scored frame by frame (PSNR, SSIM, and PSNR at each frame index) and for temporal
 consistency (their frame-to-frame changes against the baseline's); the classifier reads centred digits,
 so accuracy and FD are left out there.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import platform
 import time
@@ -96,7 +98,21 @@ VIDEO_SETTINGS = [
     Setting("downsample f=2 nearest", dict(mode="downsample")),
     Setting("downsample f=2 nearest max_downsample=4", dict(mode="downsample", max_downsample=4)),
 ]
-SETTINGS = {"sd1": DEFAULT_SETTINGS, "sd3": SD3_SETTINGS, "video": VIDEO_SETTINGS}
+# Wan: one space-time grid of 8 frames x 16 x 16 patches in every block; `st=2` keeps one dst per 2 x 2 x 2
+# cell, so a token may merge into the neighbouring frame's (what cross-frame merging costs, beside st=1).
+WAN_SETTINGS = [
+    Setting("baseline", None),
+    Setting("ToMe r=0.25", dict(ratio=0.25)),
+    Setting("ToMe r=0.25 st=2", dict(ratio=0.25, st=2)),
+    Setting("ToMe r=0.5", dict(ratio=0.5)),
+    Setting("ToMe r=0.5 st=2", dict(ratio=0.5, st=2)),
+    Setting("ToMe r=0.75", dict(ratio=0.75)),
+    Setting("ToMe r=0.75 st=2", dict(ratio=0.75, st=2)),
+    Setting("ToMe r=0.5 merge_mlp", dict(ratio=0.5, merge_mlp=True)),
+    Setting("ToMe r=0.5 st=2 merge_mlp", dict(ratio=0.5, st=2, merge_mlp=True)),
+    Setting("ToMe r=0.5 reuse 3", dict(ratio=0.5, reuse_steps=3)),
+]
+SETTINGS = {"sd1": DEFAULT_SETTINGS, "sd3": SD3_SETTINGS, "video": VIDEO_SETTINGS, "wan": WAN_SETTINGS}
 
 
 def with_cache(settings: List[Setting], cache: Optional[str]) -> List[Setting]:
@@ -130,6 +146,7 @@ class Result:
     # Clips only: PSNR at each frame index, and the frame-to-frame changes' PSNR against the baseline's.
     psnr_by_frame: Optional[List[float]] = None
     temporal_psnr: Optional[float] = None
+    temporal_psnr_se: Optional[float] = None  # over clips, as psnr_se
 
 
 def labels_for(n: int) -> Any:
@@ -238,6 +255,7 @@ def evaluate(
             if clips:
                 r.psnr_by_frame = metrics.psnr_by_frame(x, base_images)
                 r.temporal_psnr = metrics.temporal_psnr(x, base_images)
+                r.temporal_psnr_se = metrics.standard_error(metrics.temporal_psnr_per_clip(x, base_images))
             else:
                 r.within_noise = (abs(r.accuracy - base["accuracy"]) <= band["accuracy"]
                                   and r.fd - base["fd"] <= band["fd"])
@@ -250,7 +268,7 @@ def evaluate(
 def table(report: Dict[str, Any]) -> str:
     band = report["noise_band"]
     clips = any(r.temporal_psnr is not None for r in report["results"]) or band["accuracy"] is None
-    judge = ("temporal PSNR vs baseline (dB) | PSNR at first / last frame |" if clips
+    judge = ("temporal PSNR vs baseline (dB, ± standard error) | PSNR at first / last frame |" if clips
              else "accuracy | FD to real digits |")
     lines = ["| setting | sampling time (s) | speed-up | PSNR vs baseline (dB, ± standard error) | SSIM vs baseline | "
              + judge + " closer than unrelated samples |", "|---|---|---|---|---|---|---|---|"]
@@ -260,7 +278,8 @@ def table(report: Dict[str, Any]) -> str:
         floor = "-" if r.above_floor is None else ("yes" if r.above_floor else "no")
         if clips:
             ends = "-" if r.psnr_by_frame is None else f"{r.psnr_by_frame[0]:.1f} / {r.psnr_by_frame[-1]:.1f}"
-            judged = ("-" if r.temporal_psnr is None else f"{r.temporal_psnr:.1f}") + f" | {ends}"
+            judged = ("-" if r.temporal_psnr is None else f"{r.temporal_psnr:.1f}"
+                      + ("" if r.temporal_psnr_se is None else f" ± {r.temporal_psnr_se:.2f}")) + f" | {ends}"
         else:
             judged = f"{r.accuracy:.3f} | {r.fd:.2f}"
         lines.append(f"| {r.name} | {r.time_s:.1f} | {r.speedup:.2f}x | {psnr} | {ssim} | {judged} | {floor} |")
@@ -274,11 +293,17 @@ def table(report: Dict[str, Any]) -> str:
     else:
         lines.append(f"noise band (baseline from {band['seeds']} noise seeds): accuracy ±{band['accuracy']:.3f}, "
                      f"FD ±{band['fd']:.2f}" + ("" if unrelated is None else f"; {pair}"))
-    errors = [r.psnr_se for r in report["results"] if r.psnr_se is not None]
+    # A setting equal to the baseline has infinite PSNR and no finite error: it resolves nothing.
+    errors = [r.psnr_se for r in report["results"] if r.psnr_se is not None and math.isfinite(r.psnr_se)]
     if errors:
         unit = "clips" if clips else "digits"
-        lines.append(f"resolution: at {report['images']} {unit}, PSNR differences under about {2 * max(errors):.1f} dB "
-                     f"(twice the largest standard error) are not resolved"
+        temporal = [r.temporal_psnr_se for r in report["results"]
+                    if r.temporal_psnr_se is not None and math.isfinite(r.temporal_psnr_se)]
+        lines.append(f"resolution: at {report['images']} {unit}, PSNR differences under about "
+                     f"{2 * max(errors):.1f} dB"
+                     + ("" if not temporal else
+                        f" and temporal PSNR differences under about {2 * max(temporal):.1f} dB")
+                     + " (twice the largest standard error) are not resolved"
                      + ("" if clips else "; accuracy and FD separate far less"))
     return "\n".join(lines)
 
@@ -356,13 +381,15 @@ def write_plot(path: str, report: Dict[str, Any]) -> None:
 
 def add_arguments(parser: Any) -> None:
     parser.add_argument("--arch", choices=M.ARCHS, default="sd1",
-                        help="the yardstick model: sd1 (the digits UNet, default), sd3 (the SD3-shaped transformer) or "
-                             "video (AnimateDiff's motion UNet on moving digits, 8 frames)")
+                        help="the yardstick model: sd1 (the digits UNet, default), sd3 (the SD3-shaped transformer), "
+                             "video (AnimateDiff's motion UNet on moving digits, 8 frames) or wan (Wan's transformer "
+                             "on the same clips, one space-time grid)")
     parser.add_argument("--cache", choices=["fbc", "taylorseer"], default=None,
                         help="also run diffusers' step cache alone and stacked under each setting")
     parser.add_argument("--images", type=int, default=64, help="samples per setting (labels 0-9 in turn)")
     parser.add_argument("--chunk", type=int, default=16, help="images per sampling call (x2 with guidance)")
-    parser.add_argument("--steps", type=int, default=sampling.STEPS, help="sampling steps (DDIM for sd1, Euler for sd3)")
+    parser.add_argument("--steps", type=int, default=sampling.STEPS,
+                        help="sampling steps (DDIM for the UNets, Euler for the transformers)")
     parser.add_argument("--noise-seeds", type=int, default=3, help="baseline runs from distinct noise (the noise band)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", metavar="NAMES", help="comma-separated setting names (default: all)")
