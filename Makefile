@@ -25,7 +25,7 @@ test: test-torch test-paddle
 
 # (a) current torch stack: diffusers 0.42, tomesd 0.1.3 reference, LDM from sdkit.
 test-torch: $(TORCH_ENV)/.ready $(REF_TOMESD)
-	$(TORCH_ENV)/bin/python -m pytest -q tests/core tests/torch tests/cli
+	$(TORCH_ENV)/bin/python -m pytest -q --durations=15 tests/core tests/torch tests/cli
 
 # (b) paddle stack with its older huggingface_hub, plus torch + diffusers 0.32 for cross-framework
 #     parity; the torch adapter tests run here too, so they cover diffusers 0.32 as well. The host
@@ -33,7 +33,7 @@ test-torch: $(TORCH_ENV)/.ready $(REF_TOMESD)
 #     the quality yardstick (a torch/diffusers model, run from env (a) by `make quality`), and Wan, which
 #     diffusers added in 0.33.
 test-paddle: $(PADDLE_ENV)/.ready $(REF_TOMESD)
-	$(PADDLE_ENV)/bin/python -m pytest -q tests/core tests/torch tests/paddle --ignore=tests/torch/test_host_contract.py --ignore=tests/torch/test_transformer_host_contract.py --ignore=tests/torch/test_quality.py --ignore=tests/torch/test_wan.py
+	$(PADDLE_ENV)/bin/python -m pytest -q --durations=15 tests/core tests/torch tests/paddle --ignore=tests/torch/test_host_contract.py --ignore=tests/torch/test_transformer_host_contract.py --ignore=tests/torch/test_quality.py --ignore=tests/torch/test_wan.py
 
 envs: $(TORCH_ENV)/.ready $(PADDLE_ENV)/.ready $(REF_TOMESD)
 
