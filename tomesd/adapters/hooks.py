@@ -44,6 +44,7 @@ from tome_core import (
     compute_shared_merge, compute_shared_merges, num_cells, plan_block, plan_patch_block, rng,
 )
 
+from .observe import CallWatch
 from .kinds import (
     BLOCK_KINDS, BlockKind, Sublayer, block_kind, ids_input, in_temporal_container, is_video_root, patch_size,
     spacetime_patch,
@@ -128,7 +129,7 @@ class _Call:
     """What one call of a root computes; dropped when the call returns."""
 
     __slots__ = ("latent_hw", "grid_hw", "grid_thw", "coords", "ids", "timestep", "key", "draws", "finest_level",
-                 "merges", "pending", "shared", "step", "ratio")
+                 "merges", "pending", "shared", "step", "ratio", "watch")
 
     def __init__(self) -> None:
         self.latent_hw: Optional[Tuple[int, int]] = None
@@ -148,6 +149,7 @@ class _Call:
         self.shared: Dict[tuple, Any] = {}  # per-level results every block of the call may use
         self.step: int = 0  # denoising step number (reuse_steps > 1), from the timestep's value
         self.ratio: Optional[float] = None  # this step's ratio under a ratio_schedule (from the pipeline's clock)
+        self.watch: Optional[CallWatch] = None  # the observations of this call (tomesd.observe), eager only
 
 
 class _Reuse:
@@ -214,11 +216,12 @@ class ToMePatch:
         self._threads = _ThreadCalls()
         self._traced: List[_Call] = []  # the call stack while a graph compiler traces
         self._replay: Dict[int, Plan] = {}  # block index -> its latest merge, gradients on
+        self.observers: List[Any] = []  # observe.Observation objects recording this patch's calls
 
     # ---- copies: runtime state is per object and never copied ----
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        for name in ("_threads", "_traced", "_replay"):
+        for name in ("_threads", "_traced", "_replay", "observers"):
             state.pop(name)
         return state
 
@@ -349,6 +352,27 @@ class ToMePatch:
     def _stack(self) -> List[_Call]:
         return self._traced if self.ops.is_compiling() else self._threads.stack
 
+    def _watch(self) -> Optional[CallWatch]:
+        """The current call's observations, or None (nothing observes, or a graph is being traced)."""
+        stack = self._stack()
+        return stack[-1].watch if stack else None
+
+    def _records(self, call: _Call, index: int) -> List[Any]:
+        return call.watch.blocks(index, type(self.blocks[index]).__name__) if call.watch is not None else []
+
+    def _note(self, call: _Call, index: int, computed: int = 0, reused: int = 0) -> None:
+        for record in self._records(call, index):
+            record.computed += computed
+            record.reused += reused
+
+    def _note_site(self, index: int, flag: str, before: Any, after: Any) -> None:
+        """Tokens in and out of a site (the sequence's length as the sub-layer would see it, and sees it)."""
+        stack = self._stack()
+        site = flag[len("merge_"):] if flag.startswith("merge_") else flag
+        pair = (self.ops.shape(before)[1], self.ops.shape(after)[1])
+        for record in self._records(stack[-1], index):
+            record.sites.setdefault(site, []).append(pair)
+
     def _site_merge(self, index: int, flag: str) -> Optional[TokenMerge]:
         """Block `index`'s merge for the site `flag` turns on: with per-site ratios the block holds one merge
         per site (all from one matching), else one merge for every site."""
@@ -378,8 +402,13 @@ class ToMePatch:
                 ids = ids[0] if len(self.ops.shape(ids)) == 3 else ids
                 call.coords = (self.ops.to_int64(ids[:, 1]), self.ops.to_int64(ids[:, 2])), None
             x = x[:, self.ops.shape(x)[1] - self.ops.shape(call.coords[0][0])[0]:]
+        started = None if call.watch is None else call.watch.start()
         merge = self._plan_merge(index, block, x, call, grad)
         call.merges[index] = merge
+        if call.watch is not None:
+            call.watch.stop("downsample" if self.args.mode == "downsample" else "match", started)
+            for record in self._records(call, index):
+                record.merge = merge
         if merge is not None and grad and not self.ops.is_compiling():
             self._replay[index] = merge
 
@@ -388,6 +417,8 @@ class ToMePatch:
         ops, call = self.ops, _Call()
         # Pushed before any error: the always-called exit hook pops it even when this hook raises.
         self._stack().append(call)
+        if self.observers and not ops.is_compiling():
+            call.watch = CallWatch(self.observers, type(module).__name__)
         latent = self._latent_spec.get(args, kwargs)
         if latent is None:
             raise TypeError(f"ToMe found no '{self._latent_spec.name}' input in this call of {type(module).__name__}")
@@ -505,6 +536,9 @@ class ToMePatch:
                 call.shared[key] = compute_downsample(
                     ops, x, batch, plan.w, plan.h, args.downsample_factor, args.downsample_method
                 )
+                self._note(call, index, computed=1)
+            else:
+                self._note(call, index, reused=1)
             return call.shared[key]
         if args.merge_mlp and getattr(block, "_chunk_size", None) is not None:
             raise ValueError(_CHUNKED_FF)
@@ -514,6 +548,7 @@ class ToMePatch:
         # kept for reuse_steps denoising steps while the batch and token count stay the same.
         key = ("level", plan.level) if args.share_across_blocks else index
         if key in call.shared:
+            self._note(call, index, reused=1)
             return call.shared[key]
         # Kept across calls only when steps are reused (share_across_blocks alone lives within a call),
         # and never while training: there each call is a new batch of images.
@@ -526,6 +561,7 @@ class ToMePatch:
             entry = clock.kept.get((self.slot, key))
             if entry is not None and entry[0] == shape:
                 merge = entry[1]
+                self._note(call, index, reused=1)
             else:
                 merge = self._match(index, x, plan, call)
                 clock.kept[(self.slot, key)] = (shape, merge)
@@ -538,6 +574,8 @@ class ToMePatch:
         grid = call.ids
         if entry is not None and call.step - entry[0] < self._steps_reused and entry[1] == shape and entry[3] is grid:
             merge = entry[2]
+            self._note(call, index, reused=1)
+            return None
         else:
             merge = self._match(index, x, plan, call)
             kept[key] = (call.step, shape, merge, grid)
@@ -546,6 +584,7 @@ class ToMePatch:
 
     def _match(self, index: int, x: Any, plan: Any, call: _Call) -> Optional[TokenMerge]:
         ops, args = self.ops, self.args
+        self._note(call, index, computed=1)
         offsets = None
         if call.coords is not None:
             # One matching for the batch (per-token rotary rows have no batch axis), so the random
@@ -597,7 +636,13 @@ class ToMePatch:
             )
         spec = self._specs[(index, name)]
         # The image tokens, or a sequence ending with them (CogVideoX's feed-forward sees [text, image]).
-        return spec.replace(args, kwargs, merge.merge_tail(spec.get(args, kwargs)))
+        tokens, watch = spec.get(args, kwargs), self._watch()
+        started = None if watch is None else watch.start()
+        merged = merge.merge_tail(tokens)
+        if watch is not None:
+            watch.stop("merge", started)
+            self._note_site(index, layer.flag, tokens, merged)
+        return spec.replace(args, kwargs, merged)
 
     def _downsample_context(self, index: int, module: Any, args: tuple, kwargs: dict):
         down: Optional[KVDownsample] = self._current_merge(index)
@@ -613,8 +658,13 @@ class ToMePatch:
                 "mode='downsample' cannot shrink self-attention's keys when it is given an attention_mask "
                 "(the mask addresses every token)"
             )
-        x = self._specs[(index, "attn1")].get(args, kwargs)
-        return context.replace(args, kwargs, down(x))
+        x, watch = self._specs[(index, "attn1")].get(args, kwargs), self._watch()
+        started = None if watch is None else watch.start()
+        small = down(x)
+        if watch is not None:
+            watch.stop("downsample", started)
+            self._note_site(index, "downsample", x, small)
+        return context.replace(args, kwargs, small)
 
     def _downsample_projection(self, index: int, attn: Any, name: str, module: Any, args: tuple, kwargs: dict):
         """A key or value projection of image tokens: it projects the downsampled grid instead."""
@@ -634,12 +684,17 @@ class ToMePatch:
         # the next attention, so no block's input outlives its attention.
         stack = self._stack()
         last = stack[-1].shared.get("projected") if stack else None
+        watch = self._watch()
         if last is not None and last[0] is x:
             small = last[1]
         else:
+            started = None if watch is None else watch.start()
             small = down(x)
             if stack:
                 stack[-1].shared["projected"] = (x, small)
+            if watch is not None:  # recorded once per attention: to_v reuses to_k's
+                watch.stop("downsample", started)
+                self._note_site(index, "downsample", x, small)
         return ((small,) + args[1:], kwargs) if args else (args, {**kwargs, "input": small})
 
     def _unmerge_output(self, index: int, positions: Tuple[int, ...], flag: str, module: Any, args: tuple,
@@ -648,12 +703,18 @@ class ToMePatch:
         merge = self._site_merge(index, flag)
         if merge is None:
             return None
+        watch = self._watch()
+        started = None if watch is None else watch.start()
         if not positions:
-            return merge.unmerge_tail(output)
-        if not isinstance(output, tuple):  # a processor that returns the image tokens alone
-            return merge.unmerge(output)
-        return tuple(merge.unmerge(item) if i in positions and item is not None else item
-                     for i, item in enumerate(output))
+            output = merge.unmerge_tail(output)
+        elif not isinstance(output, tuple):  # a processor that returns the image tokens alone
+            output = merge.unmerge(output)
+        else:
+            output = tuple(merge.unmerge(item) if i in positions and item is not None else item
+                           for i, item in enumerate(output))
+        if watch is not None:
+            watch.stop("unmerge", started)
+        return output
 
     def _merge_output(self, index: int, position: Optional[int], flag: str, module: Any, args: tuple, output: Any) -> Any:
         """A span's start: the image tokens (the last N) of this sub-layer's output merge."""
@@ -664,9 +725,16 @@ class ToMePatch:
             inner = getattr(self.blocks[index], self.kinds[index].self_attention, None)
             if inner is not None:
                 _refuse_step_cache_inside(inner)  # a cache applied after the patch
+        watch = self._watch()
+        started = None if watch is None else watch.start()
+        tokens = output if position is None else output[position]
+        merged = merge.merge_tail(tokens)
+        if watch is not None:
+            watch.stop("merge", started)
+            self._note_site(index, flag, tokens, merged)
         if position is None:
-            return merge.merge_tail(output)
-        return tuple(merge.merge_tail(item) if i == position else item for i, item in enumerate(output))
+            return merged
+        return tuple(merged if i == position else item for i, item in enumerate(output))
 
     def _gather_rotary(self, index: int, rotary: str, flag: str, module: Any, args: tuple, kwargs: dict):
         """Inside a span: the attention's rotary rows follow the merged tokens."""
