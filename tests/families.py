@@ -1,0 +1,64 @@
+"""The model families the torch tests hold to one contract: how to build each tiny model, its inputs and
+its forward, which inputs carry the batch, and whether one matching serves the whole batch. A family
+added to the runtime's tables is added here with one entry, and the contract test covers it."""
+from dataclasses import dataclass
+from typing import Callable, Tuple
+
+import torch
+
+import tiny_torch as T
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    build: Callable[[], torch.nn.Module]
+    inputs: Callable[..., dict]  # keyword inputs of one forward: inputs(model, batch=2, seed=1, **grid)
+    run: Callable[[torch.nn.Module, dict], torch.Tensor]
+    batched: Tuple[str, ...]  # the inputs whose first axis is the batch
+    one_matching: bool  # one matching serves the batch (the token grid is shared: Flux ids, space-time grids)
+    grids: Tuple[dict, dict]  # two token grids of different sizes (for concurrent calls at two resolutions)
+    patch: dict = None  # apply_patch arguments under which the family merges (default ratio=0.5)
+
+
+def _unet_inputs(model, batch=2, seed=1, h=16, w=16):
+    sample, timestep, text = T.unet_inputs(batch=batch, h=h, w=w, seed=seed)
+    return dict(sample=sample, timestep=timestep, encoder_hidden_states=text)
+
+
+def _run_unet(model, inputs):
+    with torch.no_grad():
+        return model(**inputs).sample
+
+
+def _transformer(kind):
+    return dict(build=lambda: T.transformer(kind),
+                inputs=lambda model, batch=2, seed=1, **grid: T.transformer_inputs(kind, batch=batch, seed=seed, **grid),
+                run=T.run_transformer, grids=(dict(h=16, w=16), dict(h=12, w=20)))
+
+
+FAMILIES = {
+    "sd1-unet": Family("sd1-unet", T.unet, _unet_inputs, _run_unet, ("sample", "encoder_hidden_states"), False,
+                       (dict(h=16, w=16), dict(h=12, w=20))),
+    "sd3": Family("sd3", **_transformer("sd3"), batched=("hidden_states", "timestep", "encoder_hidden_states",
+                                                         "pooled_projections"), one_matching=False),
+    "pixart": Family("pixart", **_transformer("pixart"), batched=("hidden_states", "timestep", "encoder_hidden_states"),
+                     one_matching=False),
+    "flux": Family("flux", T.flux, lambda model, batch=2, seed=1, **grid: T.flux_inputs(batch=batch, seed=seed, **grid),
+                   lambda model, inputs: T.run_transformer(model, inputs),
+                   ("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"), True,
+                   (dict(h=8, w=8), dict(h=6, w=10))),
+    "wan": Family("wan", T.wan, lambda model, batch=2, seed=1, **grid: T.wan_inputs(batch=batch, seed=seed, **grid),
+                  T.run_wan, ("hidden_states", "timestep", "encoder_hidden_states"), True,
+                  (dict(frames=3, h=8, w=8), dict(frames=2, h=6, w=10)), dict(ratio=0.5, st=2)),
+    "cogvideox-1.5": Family("cogvideox-1.5", lambda: T.cogvideox("1.5"),
+                            lambda model, batch=2, seed=1, **grid: T.cogvideox_inputs(model, batch=batch, seed=seed,
+                                                                                      **grid),
+                            T.run_cogvideox, ("hidden_states", "timestep", "encoder_hidden_states"), True,
+                            (dict(frames=4, h=8, w=8), dict(frames=2, h=6, w=10)), dict(ratio=0.5, merge_mlp=True)),
+}
+
+
+def flipped(family: Family, inputs: dict) -> dict:
+    """The same inputs with the batch in reverse order."""
+    return {k: (v.flip(0) if k in family.batched else v) for k, v in inputs.items()}

@@ -1,0 +1,162 @@
+"""One contract, every model family (tests/families.py): the patch acts (tokens merged in its blocks, seen
+through tomesd.observe), is reversible bit for bit, applying twice equals once, copies and pickles carry
+it, threads equal serial calls, the batch order does not matter, the default random dst pattern is really
+used, and a forward reads no tensor value on the host (on the meta device, and counted on the CPU)."""
+import copy
+import pickle
+
+import pytest
+import torch
+
+import tomesd
+from families import FAMILIES, flipped
+from probes import OpCounter
+from threads import concurrent_calls
+
+TOL = 1e-5
+NAMES = list(FAMILIES)
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def family(request):
+    family = FAMILIES[request.param]
+    return family, family.build().eval()
+
+
+def patch_kwargs(family, **extra):
+    return {**(family.patch or dict(ratio=0.5)), **extra}
+
+
+def patched_run(family, model, inputs, **extra):
+    tomesd.apply_patch(model, **patch_kwargs(family, **extra))
+    try:
+        return family.run(model, inputs)
+    finally:
+        tomesd.remove_patch(model)
+
+
+def test_the_patch_merges_tokens_in_its_blocks_and_removal_restores_bit_for_bit(family):
+    family, model = family
+    inputs = family.inputs(model)
+    base = family.run(model, inputs)
+    tomesd.apply_patch(model, **patch_kwargs(family))
+    try:
+        with tomesd.observe(model) as seen:
+            out = family.run(model, inputs)
+    finally:
+        tomesd.remove_patch(model)
+    (call,) = seen.calls
+    merged = call.merged_blocks("attn")
+    assert merged, f"no block of {family.name} merged its self-attention tokens"
+    for index in merged:
+        (n, kept), = call.blocks[index].tokens("attn")
+        assert kept < n and call.blocks[index].computed == 1
+    assert (out - base).abs().max().item() > 1000 * TOL
+    assert torch.equal(family.run(model, inputs), base)
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
+
+
+def test_applying_twice_equals_applying_once(family):
+    family, model = family
+    inputs = family.inputs(model)
+    once = patched_run(family, model, inputs)
+    tomesd.apply_patch(model, **patch_kwargs(family))
+    try:
+        twice = patched_run(family, model, inputs)
+    finally:
+        tomesd.remove_patch(model)
+    assert torch.equal(once, twice)
+
+
+def test_deepcopy_and_pickle_carry_the_patch_and_remove_apart(family):
+    family, model = family
+    inputs = family.inputs(model)
+    base = family.run(model, inputs)
+    tomesd.apply_patch(model, **patch_kwargs(family))
+    try:
+        patched = family.run(model, inputs)
+        for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+            assert torch.equal(family.run(twin, inputs), patched)
+            tomesd.remove_patch(twin)
+            assert torch.equal(family.run(twin, inputs), base)
+        assert torch.equal(family.run(model, inputs), patched)  # the original keeps its patch
+    finally:
+        tomesd.remove_patch(model)
+    assert (patched - base).abs().max().item() > 1000 * TOL
+
+
+def test_concurrent_calls_at_two_token_grids_equal_serial_calls(family):
+    family, model = family
+    jobs = [family.inputs(model, seed=5 + i, **grid) for i, grid in enumerate(family.grids)]
+    tomesd.apply_patch(model, **patch_kwargs(family))
+    try:
+        expected = [family.run(model, job) for job in jobs]
+        results = concurrent_calls(model, lambda job: family.run(model, job), jobs)
+    finally:
+        tomesd.remove_patch(model)
+    assert all(torch.equal(out, expected[i % 2]) for i, outs in results.items() for out in outs)
+
+
+def test_batch_order_does_not_change_any_samples_output(family):
+    """Outputs for [a, b] equal those for [b, a] flipped: a matching shared by the batch is computed from
+    every sample (not from the first one alone), and each sample's random pattern does not depend on its
+    place in the batch."""
+    family, model = family
+    inputs = family.inputs(model)
+    base = family.run(model, inputs)
+    forward = patched_run(family, model, inputs)
+    backward = patched_run(family, model, flipped(family, inputs))
+    assert (forward - base).abs().max().item() > 1000 * TOL
+    assert (forward - backward.flip(0)).abs().max().item() < TOL
+
+
+def test_the_default_random_dst_pattern_is_used(family):
+    """use_rand defaults to True: its outputs differ from the fixed top-left pattern's by far more than
+    round-off (a runtime that silently fell back to the fixed pattern fails here)."""
+    family, model = family
+    inputs = family.inputs(model)
+    default = patched_run(family, model, inputs)
+    fixed = patched_run(family, model, inputs, use_rand=False)
+    assert (default - fixed).abs().max().item() > 1000 * TOL
+
+
+def test_a_forward_reads_no_tensor_value_on_the_host(family):
+    """Counted by the dispatcher: every host read (.item(), float(t), bool(t), .tolist()) runs
+    aten._local_scalar_dense; the patched forward runs it as often as the host's own forward does."""
+    family, model = family
+    inputs = family.inputs(model)
+
+    def host_reads():
+        with OpCounter() as counter:
+            family.run(model, inputs)
+        return counter.ops["aten._local_scalar_dense.default"]
+
+    plain = host_reads()
+    tomesd.apply_patch(model, **patch_kwargs(family))
+    try:
+        patched = host_reads()
+        with tomesd.observe(model) as seen:
+            family.run(model, inputs)
+    finally:
+        tomesd.remove_patch(model)
+    assert seen.calls[0].merged_blocks("attn")  # the counted forward did merge
+    assert patched == plain, f"{family.name}: {patched - plain} host reads added per forward"
+
+
+def test_a_forward_on_the_meta_device_merges_without_reading_values(family):
+    family, model = family
+    with torch.device("meta"):
+        twin = type(model)(**model.config).eval()
+    inputs = {k: (v.to("meta") if torch.is_tensor(v) else tuple(t.to("meta") for t in v) if isinstance(v, tuple) else v)
+              for k, v in family.inputs(model).items()}
+    tomesd.apply_patch(twin, **patch_kwargs(family))
+    with tomesd.observe(twin) as seen:
+        out = family.run(twin, inputs)
+    assert out.device.type == "meta"
+    call = seen.calls[0]
+    assert call.merged_blocks("attn") == FAMILY_MERGED_BLOCKS[family.name]
+
+
+# Which blocks merge their self-attention under the contract's patch, on the default grid.
+FAMILY_MERGED_BLOCKS = {"sd1-unet": [0, 4, 5], "sd3": [0, 1, 2], "pixart": [0, 1, 2], "flux": [0, 1, 2, 3],
+                        "wan": [0, 1], "cogvideox-1.5": [0, 1]}
