@@ -307,7 +307,10 @@ def test_newer_block_variant_runs_unchanged_where_tomesd_copy_is_wrong():
 
 def test_newer_block_variant_equals_its_own_math_with_merge_placed_by_hand():
     """The patched PixArt block equals the block's own forward with attn1 wrapped by hand in
-    merge -> attention -> unmerge, the merge computed from the block's input as tomesd does."""
+    merge -> attention -> unmerge, the merge computed from the block's input as tomesd does. The reference
+    shares tome_core's matching (bipartite_soft_matching_random2d) with the code under test, so it checks
+    where the merge sits; the matching's arithmetic is checked independently in
+    tests/core/test_matching_by_loop.py (and against tomesd 0.1.3 in test_core_vs_tomesd.py)."""
     from tome_core import bipartite_soft_matching_random2d
 
     model, run = pixart()

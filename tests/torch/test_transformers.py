@@ -86,7 +86,10 @@ def test_image_tokens_reduce_in_every_block_and_text_tokens_never(models, kind, 
 
 def hand_merge(model, kind, h=8, w=8):
     """Hooks placed by hand: the merge computed from each block's image input (top-left dst, as
-    tomesd's function gives it), self-attention's image tokens merged and its image output unmerged."""
+    tomesd's function gives it), self-attention's image tokens merged and its image output unmerged.
+    The reference shares tome_core's matching (bipartite_soft_matching_random2d) with the code under test,
+    so it checks where the hooks sit; the matching's arithmetic is checked independently in
+    tests/core/test_matching_by_loop.py (and against tomesd 0.1.3 in test_core_vs_tomesd.py)."""
     handles, state = [], {}
     for block in block_list(model):
         def enter(m, args, kwargs):
