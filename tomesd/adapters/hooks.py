@@ -575,7 +575,6 @@ class ToMePatch:
         if entry is not None and call.step - entry[0] < self._steps_reused and entry[1] == shape and entry[3] is grid:
             merge = entry[2]
             self._note(call, index, reused=1)
-            return None
         else:
             merge = self._match(index, x, plan, call)
             kept[key] = (call.step, shape, merge, grid)
