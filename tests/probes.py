@@ -104,3 +104,14 @@ def assert_loop_compiles_once_and_equals_eager(model, run, steps, **patch_kwargs
     for out, ref, base in zip(outs, eager, plain):
         assert (ref - base).abs().max() > 1e-2  # the patch acts at every step
         assert torch.equal(out, ref)
+
+
+HOST_READ = "aten._local_scalar_dense.default"  # what .item(), float(t), int(t), bool(t) and .tolist() run
+
+
+def count_host_reads(fn):
+    """(fn(), how many tensor values it read on the host), counted by the dispatcher: every host read of a
+    tensor's value, wherever in the process it happens, runs aten._local_scalar_dense."""
+    with OpCounter() as counter:
+        out = fn()
+    return out, counter.ops[HOST_READ]

@@ -1,8 +1,7 @@
 """Flux under ToMe: image tokens merge in double- and single-stream blocks, their rotary positions follow
-them, text tokens never merge; one matching serves the batch; everything the other models keep holds."""
-import copy
-import pickle
-
+them, text tokens never merge (single blocks keep their text rows bit for bit); reuse and grids. What every
+family keeps (batch order under one matching per batch, copies, threads, the random pattern, host reads)
+is in test_family_contract.py."""
 import pytest
 import torch
 
@@ -12,9 +11,7 @@ from probes import (
     assert_checkpointing_keeps_loss_and_gradients, assert_loop_compiles_once_and_equals_eager,
     assert_patch_equals_hooks_by_hand,
 )
-from threads import concurrent_calls
 from tome_core import compute_shared_merge, coordinate_partition, get_backend, grid_partition, rng
-from tomesd.adapters import hooks
 
 TOL = 1e-5
 
@@ -64,11 +61,36 @@ def test_image_tokens_merge_in_double_and_single_blocks_and_text_never(model, h,
     assert torch.equal(run(model, inputs), base)
 
 
+def test_single_blocks_keep_the_text_rows_of_the_joined_sequence_as_they_are(model):
+    """A single block's norm output is [text, image]: after the merge its text rows are those rows bit for
+    bit (not merged, averaged or reordered) and only the image part shrinks."""
+    inputs = T.flux_inputs(h=6, w=10)
+    seen, handles = {"before": [], "after": []}, []
+    for block in model.single_transformer_blocks:  # before the patch's own hook on norm, and after it
+        handles.append(block.norm.register_forward_hook(lambda m, a, out: seen["before"].append(out[0]), prepend=True))
+    tomesd.apply_patch(model, ratio=0.5)
+    for block in model.single_transformer_blocks:
+        handles.append(block.norm.register_forward_hook(lambda m, a, out: seen["after"].append(out[0])))
+    try:
+        run(model, inputs)
+    finally:
+        tomesd.remove_patch(model)
+        for handle in handles:
+            handle.remove()
+    assert len(seen["before"]) == len(seen["after"]) == 2
+    for before, after in zip(seen["before"], seen["after"]):
+        assert before.shape[1] == 5 + 60 and after.shape[1] == 5 + 30
+        assert torch.equal(after[:, :5], before[:, :5])
+        assert (after[:, 5:].mean(1) - before[:, 5:].mean(1)).abs().max() > 1e-3  # the image part did merge
+
+
 def test_merged_tokens_take_their_representatives_rotary_rows_as_placed_by_hand(model):
     """Hooks placed by hand on the host's own modules: the merge (one for the batch, top-left dst),
     the rotary rows [text, image] with each merged image token given its representative's row, the
     double blocks' attention and feed-forward image tokens merged, and single blocks merged from norm's
-    output to proj_out's."""
+    output to proj_out's. The reference shares tome_core's matching (compute_shared_merge) with the code
+    under test, so it checks where the hooks sit; the matching's arithmetic is checked independently in
+    tests/core/test_matching_by_loop.py (and against tomesd 0.1.3 in test_core_vs_tomesd.py)."""
     inputs = T.flux_inputs(h=6, w=10)
     n = 60
     base = run(model, inputs)
@@ -133,21 +155,6 @@ def test_representatives_are_the_dst_token_of_each_merged_row_or_the_token_itsel
     assert torch.equal(rows_of[0], rows_of[2])  # one map for the whole batch
 
 
-def test_one_matching_serves_the_batch(model):
-    """A batch of two copies of one sample merges as that sample alone (the batch's summed metric points
-    the same way), so each sample's output equals the single run."""
-    one = T.flux_inputs(batch=1)
-    two = {k: (torch.cat([v, v]) if k in ("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep")
-               else v) for k, v in one.items()}
-    tomesd.apply_patch(model, ratio=0.5)
-    try:
-        single, double = run(model, one), run(model, two)
-    finally:
-        tomesd.remove_patch(model)
-    assert (single - run(model, one)).abs().max().item() > 1000 * TOL
-    assert (double[0] - single[0]).abs().max().item() < TOL and (double[1] - single[0]).abs().max().item() < TOL
-
-
 def test_blocks_index_double_then_single_blocks(model):
     inputs = T.flux_inputs()
     tomesd.apply_patch(model, ratio=0.5, blocks=[1, 2])  # the second double block, the first single one
@@ -193,47 +200,27 @@ def test_forward_on_the_meta_device_reads_no_tensor_value():
     assert out.device.type == "meta" and seen["double_q"] == [30, 30]
 
 
-def test_copies_threads_and_checkpointing(model):
-    inputs = T.flux_inputs()
-    base = run(model, inputs)
-    tomesd.apply_patch(model, ratio=0.5)
-    try:
-        patched = run(model, inputs)
-        for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
-            assert torch.equal(run(twin, inputs), patched)
-            tomesd.remove_patch(twin)
-            assert torch.equal(run(twin, inputs), base)
-        jobs = [T.flux_inputs(h=8, w=8, seed=5), T.flux_inputs(h=6, w=10, seed=6)]
-        expected = [run(model, job) for job in jobs]
-        results = concurrent_calls(model, lambda job: run(model, job), jobs)
-    finally:
-        tomesd.remove_patch(model)
-    assert (patched - base).abs().max().item() > 1000 * TOL
-    assert all(torch.equal(out, expected[i % 2]) for i, outs in results.items() for out in outs)
-
-
 def test_gradient_checkpointing_gives_the_same_loss_and_gradients():
     assert_checkpointing_keeps_loss_and_gradients(T.flux, T.flux_inputs, dict(ratio=0.5))
 
 
-def test_reuse_steps_on_flux(model, monkeypatch):
-    computed = []
-    real = hooks.compute_shared_merge
-    monkeypatch.setattr(hooks, "compute_shared_merge", lambda *a, **k: computed.append(1) or real(*a, **k))
+def test_reuse_steps_on_flux_merges_on_every_call_and_matches_once_per_window(model):
+    """reuse_steps=2 over timesteps 0.9, 0.9, 0.7, 0.5: the first call of a window matches in every block, the
+    later calls reuse those matchings, and every call, reusing ones included, merges the image tokens."""
     steps = [T.flux_inputs(t=t, seed=i) for i, t in enumerate([0.9, 0.9, 0.7, 0.5])]
     for inputs in steps[1:]:  # one ids tensor for the whole loop, as a pipeline builds it once per generation
         inputs["img_ids"] = steps[0]["img_ids"]
     tomesd.apply_patch(model, ratio=0.5, reuse_steps=2)
     try:
-        counts = []
-        for inputs in steps:
-            before = len(computed)
-            _, seen = probe(model, inputs)
-            counts.append(len(computed) - before)
-            assert seen["double_q"] == [32, 32]
+        with tomesd.observe(model) as seen:
+            for inputs in steps:
+                _, tokens = probe(model, inputs)
+                assert tokens["double_q"] == [32, 32] and tokens["single_q"] == [5 + 32] * 2
     finally:
         tomesd.remove_patch(model)
-    assert counts == [4, 0, 0, 4]  # 4 blocks; steps 0.9 (twice) and 0.7 share one matching
+    assert [(call.computed, call.reused) for call in seen.calls] == [(4, 0), (0, 4), (0, 4), (4, 0)]
+    for call in seen.calls:  # 4 blocks: 64 image tokens merged to 32 in each, text (5) kept
+        assert [call.blocks[i].tokens("attn") for i in range(4)] == [[(64, 32)]] * 2 + [[(69, 37)]] * 2
 
 
 def test_flux_controlnet_merges_its_blocks():
@@ -256,19 +243,16 @@ def test_flux_controlnet_merges_its_blocks():
     assert torch.equal(go(), base)
 
 
-def test_reuse_matches_anew_on_another_grid_of_the_same_token_count(model, monkeypatch):
-    computed = []
-    real = hooks.compute_shared_merge
-    monkeypatch.setattr(hooks, "compute_shared_merge", lambda *a, **k: computed.append(1) or real(*a, **k))
+def test_reuse_matches_anew_on_another_grid_of_the_same_token_count(model):
     wide, tall = T.flux_inputs(h=4, w=16, t=0.9), T.flux_inputs(h=16, w=4, t=0.8)  # 64 tokens each
     tomesd.apply_patch(model, ratio=0.5, reuse_steps=3)
     try:
-        run(model, wide)
-        before = len(computed)
-        ours = run(model, tall)  # a lower timestep within reuse_steps, but another grid
+        with tomesd.observe(model) as seen:
+            run(model, wide)
+            ours = run(model, tall)  # a lower timestep within reuse_steps, but another grid
     finally:
         tomesd.remove_patch(model)
-    assert len(computed) - before == 4
+    assert [(call.computed, call.reused) for call in seen.calls] == [(4, 0), (4, 0)]
     tomesd.apply_patch(model, ratio=0.5)
     try:
         assert torch.equal(ours, run(model, tall))  # as a fresh match on that grid

@@ -1,9 +1,6 @@
 """Wan, a video transformer: every frame's image tokens in one sequence, merged on a space-time grid
-(frames x rows x columns, a dst stride per axis); their rotary rows follow them; text never merges; one
-matching serves the batch; everything the image models keep holds."""
-import copy
-import pickle
-
+(frames x rows x columns, a dst stride per axis); their rotary rows follow them; text never merges; what every family keeps (batch order under one
+matching per batch, copies, threads, the random pattern, host reads) is in test_family_contract.py."""
 import pytest
 import torch
 
@@ -13,9 +10,8 @@ from probes import (
     OpCounter, assert_checkpointing_keeps_loss_and_gradients, assert_loop_compiles_once_and_equals_eager,
     assert_patch_equals_hooks_by_hand,
 )
-from threads import concurrent_calls
 from tome_core import compute_shared_merge, coordinate_partition, get_backend, rng
-from tomesd.adapters import hooks
+from tomesd.adapters.hooks import PATCH_ATTR
 
 TOL = 1e-5
 
@@ -77,7 +73,10 @@ def test_defaults_merge_self_attention_only(model):
 def test_merged_tokens_take_their_representatives_rotary_rows_as_placed_by_hand(model, st):
     """Hooks placed by hand on the host's own modules: one merge for the batch on the (frame, row, col)
     coordinates (top-left dst of each st x 2 x 2 cell), the self-attention's rotary rows [1, S, 1, D] given
-    each merged token's representative's row, its output unmerged."""
+    each merged token's representative's row, its output unmerged. The reference shares tome_core's
+    matching (compute_shared_merge) with the code under test, so it checks where the hooks sit; the
+    matching's arithmetic is checked independently in tests/core/test_matching_by_loop.py (and against
+    tomesd 0.1.3 in test_core_vs_tomesd.py)."""
     inputs = T.wan_inputs(frames=4, h=8, w=12)
     n = 4 * 4 * 6
     coords = grid_coords(4, 4, 6)
@@ -148,48 +147,28 @@ def test_time_stride_two_merges_tokens_across_neighbouring_frames(model):
     assert (outs[1] - outs[2]).abs().max().item() > 1000 * TOL
 
 
-def test_random_dst_places_span_the_frames_of_a_space_time_cell(model, monkeypatch):
+def test_random_dst_places_span_the_frames_of_a_space_time_cell(model):
     """With use_rand (the default) each st x 2 x 2 cell draws its dst among all of its st * 4 places, so at
     st=2 dsts land in every frame, not only in each cell's first (which would leave odd frames holding no dst
-    and score them systematically worse than even ones)."""
-    merges = []
-
-    def spy(*args, **kwargs):
-        merges.append(compute_shared_merge(*args, **kwargs))
-        return merges[-1]
-
-    monkeypatch.setattr(hooks, "compute_shared_merge", spy)
+    and score them systematically worse than even ones). Asserted per block: each block draws its own."""
     inputs = T.wan_inputs(frames=4, h=8, w=8)
     frames = grid_coords(4, 4, 4)[0]
     dst_frames = {}
     for st in (1, 2):
-        merges.clear()
         tomesd.apply_patch(model, ratio=0.5, st=st)
         try:
-            T.run_wan(model, inputs)
+            with tomesd.observe(model) as seen:
+                T.run_wan(model, inputs)
         finally:
             tomesd.remove_patch(model)
         num_dst = 64 // (st * 4)  # one per cell; the merged rows end with them
+        merges = [seen.calls[0].blocks[i].merge for i in range(len(model.blocks))]
         dst_frames[st] = [sorted(set(frames[m.representatives[-num_dst:]].tolist())) for m in merges]
-    assert len(dst_frames[2]) == len(model.blocks)
     # Control: at st=1 a cell lies in one frame, so every frame holds dsts in every block by construction.
-    assert all(f == [0, 1, 2, 3] for f in dst_frames[1]), dst_frames
-    # At st=2 each block's 8 dsts each fall in a cell's second frame with probability 1/2: over both blocks
-    # none in an odd frame would be a 2**-16 draw, and it was every draw before the fix.
-    odd = [f for fs in dst_frames[2] for f in fs if f % 2]
-    assert odd, dst_frames
-
-
-def test_one_matching_serves_the_batch(model):
-    one = T.wan_inputs(batch=1)
-    two = {k: torch.cat([v, v]) for k, v in one.items()}
-    tomesd.apply_patch(model, ratio=0.5)
-    try:
-        single, double = T.run_wan(model, one), T.run_wan(model, two)
-    finally:
-        tomesd.remove_patch(model)
-    assert (single - T.run_wan(model, one)).abs().max().item() > 1000 * TOL
-    assert (double[0] - single[0]).abs().max().item() < TOL and (double[1] - single[0]).abs().max().item() < TOL
+    assert dst_frames[1] == [[0, 1, 2, 3]] * len(model.blocks), dst_frames
+    # At st=2 each block's 8 dsts each fall in a cell's second frame with probability 1/2: a block with none
+    # in an odd frame is a 2**-8 draw (the seed is fixed), and it was every block's draw before the fix.
+    assert all(any(f % 2 for f in block) for block in dst_frames[2]), dst_frames
 
 
 def test_blocks_by_index(model):
@@ -233,25 +212,6 @@ def test_forward_on_the_meta_device_reads_no_tensor_value():
     assert out.device.type == "meta" and seen["self_q"] == [15, 15]
 
 
-def test_copies_threads_and_checkpointing(model):
-    inputs = T.wan_inputs()
-    base = T.run_wan(model, inputs)
-    tomesd.apply_patch(model, ratio=0.5)
-    try:
-        patched = T.run_wan(model, inputs)
-        for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
-            assert torch.equal(T.run_wan(twin, inputs), patched)
-            tomesd.remove_patch(twin)
-            assert torch.equal(T.run_wan(twin, inputs), base)
-        jobs = [T.wan_inputs(frames=3, h=8, w=8, seed=5), T.wan_inputs(frames=2, h=6, w=10, seed=6)]
-        expected = [T.run_wan(model, job) for job in jobs]
-        results = concurrent_calls(model, lambda job: T.run_wan(model, job), jobs)
-    finally:
-        tomesd.remove_patch(model)
-    assert (patched - base).abs().max().item() > 1000 * TOL
-    assert all(torch.equal(out, expected[i % 2]) for i, outs in results.items() for out in outs)
-
-
 def test_gradient_checkpointing_gives_the_same_loss_and_gradients():
     assert_checkpointing_keeps_loss_and_gradients(T.wan, T.wan_inputs, dict(ratio=0.5, st=2))
 
@@ -267,25 +227,22 @@ def test_apply_twice_equals_once(model):
         tomesd.remove_patch(model)
 
 
-def test_reuse_across_steps_and_a_new_grid_of_the_same_token_count(model, monkeypatch):
-    """reuse_steps=2 matches once per two timesteps; a grid of the same token count (2 x 4 x 6 against
-    3 x 4 x 4) matches anew, as a fresh patch would."""
-    computed = []
-    real = hooks.compute_shared_merge
-    monkeypatch.setattr(hooks, "compute_shared_merge", lambda *a, **k: computed.append(1) or real(*a, **k))
+def test_reuse_across_steps_and_a_new_grid_of_the_same_token_count(model):
+    """reuse_steps=2 matches once per two timesteps and every call merges, reusing ones included; a grid of
+    the same token count (2 x 4 x 6 against 3 x 4 x 4) matches anew, as a fresh patch would."""
     steps = [T.wan_inputs(t=t, seed=i) for i, t in enumerate([900.0, 900.0, 700.0, 500.0])]
     other = T.wan_inputs(frames=2, h=8, w=12, t=400.0)  # 48 tokens, as the 3 x 4 x 4 grid
     tomesd.apply_patch(model, ratio=0.5, reuse_steps=2)
     try:
-        counts = []
-        for inputs in steps + [other]:
-            before = len(computed)
-            probe(model, inputs)
-            counts.append(len(computed) - before)
+        with tomesd.observe(model) as seen:
+            for inputs in steps + [other]:
+                _, tokens = probe(model, inputs)
+                assert tokens["self_q"] == [24, 24]
         ours = T.run_wan(model, other)
     finally:
         tomesd.remove_patch(model)
-    assert counts == [2, 0, 0, 2, 2]
+    assert [(call.computed, call.reused) for call in seen.calls] == [(2, 0), (0, 2), (0, 2), (2, 0), (2, 0)]
+    assert all(call.blocks[i].tokens("attn") == [(48, 24)] for call in seen.calls for i in (0, 1))
     tomesd.apply_patch(model, ratio=0.5)
     try:
         assert torch.equal(ours, T.run_wan(model, other))
@@ -318,7 +275,7 @@ def test_kernels_added_per_forward_do_not_grow_with_frames(model, st):
 
 def _patched_components(pipe):
     return sorted(n for n, c in pipe.components.items()
-                  if isinstance(c, torch.nn.Module) and any(hooks.PATCH_ATTR in m.__dict__ for m in c.modules()))
+                  if isinstance(c, torch.nn.Module) and any(PATCH_ATTR in m.__dict__ for m in c.modules()))
 
 
 def test_a_wan_22_pipeline_patches_both_experts_and_nothing_else():
@@ -344,25 +301,19 @@ def test_a_wan_22_pipeline_patches_both_experts_and_nothing_else():
     assert (T.run_wan_pipeline(pipe, steps=4) == base).all()
 
 
-def test_reuse_on_a_wan_pipeline_shares_one_matching_per_window_and_equals_the_timestep_rule(monkeypatch):
+def test_reuse_on_a_wan_pipeline_shares_one_matching_per_window_and_equals_the_timestep_rule():
     """Wan's pipeline runs the guidance halves as two calls per step. With reuse_steps=2 the pipeline's loop
-    counts the steps: the window's first call matches, the step's second call and the next step reuse it;
-    each expert keeps its own matches. The images equal those of the bare-model timestep rule."""
+    counts the steps: the window's first call matches, the step's second call and the next step reuse it,
+    and every call merges; each expert keeps its own matches. The images equal those of the bare-model
+    timestep rule."""
     pipe = T.wan_pipeline(two_experts=True)
-    matchings, log = [], []
-    real = hooks.compute_shared_merge
-    monkeypatch.setattr(hooks, "compute_shared_merge", lambda *a, **k: matchings.append(1) or real(*a, **k))
-    handles = [getattr(pipe, name).register_forward_pre_hook(
-        lambda m, a, k, name=name: log.append((name, len(matchings))), with_kwargs=True)
-        for name in ("transformer", "transformer_2")]
     tomesd.apply_patch(pipe, ratio=0.5, reuse_steps=2)
-    clocked = T.run_wan_pipeline(pipe, steps=6)
-    log.append(("end", len(matchings)))
-    for handle in handles:
-        handle.remove()
-    per_call = [(name, after - before) for (name, before), (_, after) in zip(log, log[1:])]
-    assert per_call == ([("transformer", 2)] + [("transformer", 0)] * 3) * 2 + \
-        [("transformer_2", 2)] + [("transformer_2", 0)] * 3
+    with tomesd.observe(pipe.transformer) as high, tomesd.observe(pipe.transformer_2) as low:
+        clocked = T.run_wan_pipeline(pipe, steps=6)
+    assert [(call.computed, call.reused) for call in high.calls] == ([(2, 0)] + [(0, 2)] * 3) * 2
+    assert [(call.computed, call.reused) for call in low.calls] == [(2, 0)] + [(0, 2)] * 3
+    # 5 frames -> 2 latent frames of 4 x 4 tokens: 32 merged to 16 in both blocks of every call.
+    assert all(call.blocks[i].tokens("attn") == [(32, 16)] for call in high.calls + low.calls for i in (0, 1))
     tomesd.remove_patch(pipe)
     tomesd.apply_patch(pipe.transformer, ratio=0.5, reuse_steps=2)  # bare models: the timestep rule
     tomesd.apply_patch(pipe.transformer_2, ratio=0.5, reuse_steps=2)
