@@ -208,26 +208,35 @@ def test_arguments_a_mode_cannot_use_are_refused_and_leave_the_model_alone(sd1_u
     assert torch.equal(forward(sd1_unet, inputs), base)
 
 
-def count_matches(monkeypatch):
-    """A list that gets each merge hooks.compute_merge returns, in order (the matchings computed)."""
-    computed = []
-    real = hooks.compute_merge
-
-    def spy(*args, **kwargs):
-        merge = real(*args, **kwargs)
-        computed.append(merge)
-        return merge
-
-    monkeypatch.setattr(hooks, "compute_merge", spy)
-    return computed
+def computed_merges(seen):
+    """Every matching computed while `seen` (a tomesd.observe record) observed, in call and block order."""
+    return [block.merge for call in seen.calls for _, block in sorted(call.blocks.items()) if block.computed]
 
 
 @contextlib.contextmanager
-def replayed(monkeypatch, pick):
-    """Exact ToMe, except that each matching is `pick(metric tokens)` instead of being computed."""
-    with monkeypatch.context() as m:
-        m.setattr(hooks, "compute_merge", lambda xp, metric, *args, **kwargs: pick(metric.shape[1]))
+def merges_placed_by_hand(model, merge_of):
+    """Exact ToMe's self-attention merge, placed by hand on the host's modules with no ToMe patch: block i's
+    attn1 merges its input with `merge_of(i, tokens)` (None: not at all) and unmerges its output. It shares
+    TokenMerge's merge/unmerge with the code under test (checked independently in
+    tests/core/test_matching_by_loop.py and against tomesd 0.1.3), so it checks which matching each block
+    uses, not that arithmetic."""
+    handles = []
+    for index, block in enumerate(blocks(model)):
+        state = {}
+
+        def pre(module, args, index=index, state=state):
+            state["merge"] = merge = merge_of(index, args[0].shape[1])
+            return None if merge is None else (merge.merge(args[0]),) + args[1:]
+
+        def post(module, args, out, state=state):
+            return None if state["merge"] is None else state["merge"].unmerge(out)
+
+        handles += [block.attn1.register_forward_pre_hook(pre), block.attn1.register_forward_hook(post)]
+    try:
         yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def step_inputs(t, seed, batch=2, h=16, w=16):
@@ -238,69 +247,62 @@ def step_inputs(t, seed, batch=2, h=16, w=16):
 MERGING_BLOCKS = 3  # tiny SD1 at the default level: 1 down + 2 up blocks over the 16x16 grid
 
 
-def test_reuse_steps_recomputes_on_a_new_timestep_not_on_a_second_call(sd1_unet, monkeypatch):
-    calls = count_matches(monkeypatch)
+def test_reuse_steps_recomputes_on_a_new_timestep_not_on_a_second_call(sd1_unet):
     tomesd.apply_patch(sd1_unet, ratio=0.5, reuse_steps=3)
     try:
         counts, merged = [], []
         # Two calls per step (classifier-free guidance as two calls), steps at timesteps 900..400.
         for step, t in enumerate([900, 800, 700, 600, 500, 400]):
             for half in range(2):
-                before = len(calls)
-                with self_attention_pairs(sd1_unet) as pairs:
+                with self_attention_pairs(sd1_unet) as pairs, tomesd.observe(sd1_unet) as seen:
                     forward(sd1_unet, step_inputs(t, seed=10 * step + half))
-                counts.append(len(calls) - before)
+                counts.append(seen.calls[0].computed)
                 merged.append(merged_queries(pairs, 16 * 16))
         # Matched at steps 0 and 3 (first call only); every other call reuses ...
         assert counts == [MERGING_BLOCKS, 0, 0, 0, 0, 0, MERGING_BLOCKS, 0, 0, 0, 0, 0]
         # ... and still merges: every block of the level attends over the merged tokens at every call.
         assert merged == [MERGING_BLOCKS] * 12
         # A new denoising run (the timestep rises again) matches anew, at once.
-        before = len(calls)
-        forward(sd1_unet, step_inputs(900, seed=3))
-        assert len(calls) - before == MERGING_BLOCKS
+        with tomesd.observe(sd1_unet) as seen:
+            forward(sd1_unet, step_inputs(900, seed=3))
+        assert seen.calls[0].computed == MERGING_BLOCKS
         # A different batch or grid matches anew, at once, even with the same token count (16x24 vs 24x16).
-        before = len(calls)
-        forward(sd1_unet, step_inputs(800, seed=1, batch=4))
-        forward(sd1_unet, step_inputs(700, seed=1, h=16, w=24))
-        forward(sd1_unet, step_inputs(600, seed=1, h=24, w=16))
-        assert len(calls) - before == 3 * MERGING_BLOCKS
+        with tomesd.observe(sd1_unet) as seen:
+            forward(sd1_unet, step_inputs(800, seed=1, batch=4))
+            forward(sd1_unet, step_inputs(700, seed=1, h=16, w=24))
+            forward(sd1_unet, step_inputs(600, seed=1, h=24, w=16))
+        assert [call.computed for call in seen.calls] == [MERGING_BLOCKS] * 3
         # With gradients on (training), every call matches: each is a new batch of images.
-        before = len(calls)
         x, t, c = step_inputs(500, seed=2)
-        sd1_unet(x, t, c)
-        sd1_unet(x, torch.tensor(400), c)
-        assert len(calls) - before == 2 * MERGING_BLOCKS
+        with tomesd.observe(sd1_unet) as seen:
+            sd1_unet(x, t, c)
+            sd1_unet(x, torch.tensor(400), c)
+        assert [call.computed for call in seen.calls] == [MERGING_BLOCKS] * 2
     finally:
         tomesd.remove_patch(sd1_unet)
 
 
-def test_a_reusing_step_is_exact_tome_with_the_anchor_steps_matching_replayed(sd1_unet, monkeypatch):
+def test_a_reusing_step_is_exact_tome_with_the_anchor_steps_matching_replayed(sd1_unet):
     """reuse_steps=3 over 4 steps: steps 1 and 2 run exact ToMe's computation on step 0's matching
-    (its random dst pattern included); step 3 matches afresh."""
+    (its random dst pattern included), as merges placed by hand with that matching do; step 3 matches afresh."""
     steps = [step_inputs(t, seed=s) for s, t in enumerate([900, 700, 500, 300])]
     base = [forward(sd1_unet, inputs) for inputs in steps]
     tomesd.apply_patch(sd1_unet, ratio=0.5)
     exact = [forward(sd1_unet, inputs) for inputs in steps]
-    computed = count_matches(monkeypatch)
     tomesd.apply_patch(sd1_unet, ratio=0.5, reuse_steps=3)
-    reused = [forward(sd1_unet, inputs) for inputs in steps]
-    monkeypatch.undo()
-    assert len(computed) == 2 * MERGING_BLOCKS  # at steps 0 and 3
-    anchor = iter(computed[:MERGING_BLOCKS])  # step 0's matchings, in block order
-    tomesd.apply_patch(sd1_unet, ratio=0.5)
-    try:
-        with replayed(monkeypatch, lambda n: next(anchor)):
-            replay_1 = forward(sd1_unet, steps[1])
-        anchor = iter(computed[:MERGING_BLOCKS])
-        with replayed(monkeypatch, lambda n: next(anchor)):
-            replay_2 = forward(sd1_unet, steps[2])
-    finally:
-        tomesd.remove_patch(sd1_unet)
+    with tomesd.observe(sd1_unet) as seen:
+        reused = [forward(sd1_unet, inputs) for inputs in steps]
+    tomesd.remove_patch(sd1_unet)
+    assert [call.computed for call in seen.calls] == [MERGING_BLOCKS, 0, 0, MERGING_BLOCKS]
+    anchor = {index: block.merge for index, block in seen.calls[0].blocks.items() if block.computed}
+    replays = []
+    for i in (1, 2):
+        with merges_placed_by_hand(sd1_unet, lambda index, n: anchor.get(index)):
+            replays.append(forward(sd1_unet, steps[i]))
     for i in range(4):
         assert (exact[i] - base[i]).abs().max().item() > 1000 * TOL  # merging matters at every step
     assert torch.equal(reused[0], exact[0]) and torch.equal(reused[3], exact[3])  # matched afresh
-    for i, replay in ((1, replay_1), (2, replay_2)):
+    for i, replay in ((1, replays[0]), (2, replays[1])):
         assert (reused[i] - exact[i]).abs().max().item() > 100 * TOL  # not this step's own matching ...
         assert torch.equal(reused[i], replay)  # ... but step 0's, merged and unmerged as exact ToMe does
 
@@ -328,45 +330,38 @@ def test_reuse_steps_one_is_exact_tome_at_every_step(sd1_unet):
         assert torch.equal(o, e)
 
 
-def test_share_across_blocks_later_blocks_merge_with_their_levels_first_matching(sd1_unet, monkeypatch):
+def test_share_across_blocks_later_blocks_merge_with_their_levels_first_matching(sd1_unet):
     inputs = T.unet_inputs()
     tomesd.apply_patch(sd1_unet, ratio=0.5, max_downsample=2)
     exact = forward(sd1_unet, inputs)
-    computed = count_matches(monkeypatch)
     tomesd.apply_patch(sd1_unet, ratio=0.5, max_downsample=2, share_across_blocks=True)
     try:
-        with self_attention_pairs(sd1_unet) as pairs:
+        with self_attention_pairs(sd1_unet) as pairs, tomesd.observe(sd1_unet) as seen:
             shared = forward(sd1_unet, inputs)
-        assert len(computed) == 2  # levels 1 and 2: one matching each
-        forward(sd1_unet, T.unet_inputs(seed=7))
-        assert len(computed) == 4  # and again at the next call: nothing kept across calls
+            forward(sd1_unet, T.unet_inputs(seed=7))
     finally:
-        monkeypatch.undo()
         tomesd.remove_patch(sd1_unet)
+    # levels 1 and 2: one matching each, and again at the next call: nothing kept across calls
+    assert [(call.computed, call.reused) for call in seen.calls] == [(2, 4), (2, 4)]
     # Every block of both levels still merges (3 blocks over 16x16, 3 over 8x8) ...
-    assert merged_queries(pairs, 16 * 16) == 3 and merged_queries(pairs, 8 * 8) == 3
+    assert merged_queries(pairs, 16 * 16) == 6 and merged_queries(pairs, 8 * 8) == 6
     # ... with its level's first matching: exact ToMe given that matching in every block gives the same.
-    first = {merge.num_tokens: merge for merge in computed[:2]}
-    tomesd.apply_patch(sd1_unet, ratio=0.5, max_downsample=2)
-    try:
-        with replayed(monkeypatch, lambda n: first[n]):
-            replay = forward(sd1_unet, inputs)
-    finally:
-        tomesd.remove_patch(sd1_unet)
+    first = {merge.num_tokens: merge for merge in computed_merges(seen)[:2]}
+    with merges_placed_by_hand(sd1_unet, lambda index, n: first.get(n)):
+        replay = forward(sd1_unet, inputs)
     assert (shared - exact).abs().max().item() > 100 * TOL  # later blocks did not match on their own
     assert torch.equal(shared, replay)
 
 
-def test_kept_matches_live_across_calls_and_are_dropped_by_remove_patch(sd1_unet, monkeypatch):
-    computed = count_matches(monkeypatch)
+def test_kept_matches_live_across_calls_and_are_dropped_by_remove_patch(sd1_unet):
     tomesd.apply_patch(sd1_unet, ratio=0.5, reuse_steps=3)
     try:
-        forward(sd1_unet, step_inputs(900, seed=1))
-        forward(sd1_unet, step_inputs(700, seed=2))
+        with tomesd.observe(sd1_unet) as seen:
+            forward(sd1_unet, step_inputs(900, seed=1))
+            forward(sd1_unet, step_inputs(700, seed=2))
     finally:
-        monkeypatch.undo()
-        kept = [weakref.ref(merge) for merge in computed]
-        del computed[:]
+        kept = [weakref.ref(merge) for merge in computed_merges(seen)]
+        seen.clear()  # the record's own references
         gc.collect()
         alive_between_calls = sum(ref() is not None for ref in kept)
         tomesd.remove_patch(sd1_unet)
@@ -411,7 +406,7 @@ def test_deepcopy_of_a_patched_model_runs_alike_and_apart(kwargs):
     assert hasattr(unet, hooks.PATCH_ATTR)
 
 
-def test_a_copy_made_mid_loop_keeps_no_matches_and_leaves_the_original_alone(monkeypatch):
+def test_a_copy_made_mid_loop_keeps_no_matches_and_leaves_the_original_alone():
     steps = [step_inputs(t, seed=s) for s, t in enumerate([900, 700, 500])]
     unet, twin_of_fresh = T.unet(), T.unet()  # same seed: the same weights
     for model in (unet, twin_of_fresh):
@@ -422,14 +417,14 @@ def test_a_copy_made_mid_loop_keeps_no_matches_and_leaves_the_original_alone(mon
     forward(unet, steps[0])
     forward(unet, steps[1])  # mid-loop: the original holds step 0's matches
     twin = copy.deepcopy(unet)
-    computed = count_matches(monkeypatch)
-    twin_out = forward(twin, steps[2])  # the next lower timestep: would reuse, had matches been copied
-    assert len(computed) == MERGING_BLOCKS  # matched afresh
+    with tomesd.observe(twin) as seen:
+        twin_out = forward(twin, steps[2])  # the next lower timestep: would reuse, had matches been copied
+    assert seen.calls[0].computed == MERGING_BLOCKS  # matched afresh
     assert torch.equal(twin_out, exact_at_step_2)
     tomesd.remove_patch(twin)
-    del computed[:]
-    out = forward(unet, steps[2])  # the original goes on reusing its own step 0 matches
-    assert len(computed) == 0
+    with tomesd.observe(unet) as seen:
+        out = forward(unet, steps[2])  # the original goes on reusing its own step 0 matches
+    assert (seen.calls[0].computed, seen.calls[0].reused) == (0, MERGING_BLOCKS)
     assert (expected[2] - exact_at_step_2).abs().max().item() > 100 * TOL
     assert torch.equal(out, expected[2])
 
@@ -476,7 +471,7 @@ def test_downsample_refuses_a_self_attention_without_a_context_argument():
 
 
 @pytest.mark.parametrize("name", ["sdxl", "controlnet"])
-def test_reuse_steps_on_sdxl_layout_and_controlnet(name, monkeypatch):
+def test_reuse_steps_on_sdxl_layout_and_controlnet(name):
     """SDXL's default level (2) and a ControlNet (a root of its own) reuse alike, and remove_patch
     restores the exact outputs."""
     from diffusers import ControlNetModel
@@ -495,14 +490,14 @@ def test_reuse_steps_on_sdxl_layout_and_controlnet(name, monkeypatch):
 
     steps = [step_inputs(t, seed=s) for s, t in enumerate([900, 900, 700, 500])]  # two calls at 900
     base = [run(inputs) for inputs in steps]
-    calls = count_matches(monkeypatch)
     tomesd.apply_patch(model, ratio=0.5, reuse_steps=2)
-    counts = []
-    for inputs in steps:
-        before = len(calls)
-        out = run(inputs)
-        counts.append(len(calls) - before)
+    with tomesd.observe(model) as seen:
+        for inputs in steps:
+            out = run(inputs)
     tomesd.remove_patch(model)
+    counts = [call.computed for call in seen.calls]
     assert counts[0] > 0 and counts == [counts[0], 0, 0, counts[0]]  # matched at steps 1 and 3 only
+    merging = seen.calls[0].merged_blocks("attn")
+    assert all(call.merged_blocks("attn") == merging for call in seen.calls)  # reusing calls merge too
     assert (out - base[-1]).abs().max().item() > 1000 * TOL
     assert all(torch.equal(run(inputs), b) for inputs, b in zip(steps, base))

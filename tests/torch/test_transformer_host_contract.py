@@ -1,5 +1,7 @@
 """What diffusers promises of SD3 / SD3.5 transformers still holds under the patch: attention processors,
 fused projections, peft LoRA, layerwise casting, save/load."""
+import contextlib
+
 import pytest
 import torch
 
@@ -134,17 +136,13 @@ def flux_queries(model, inputs):
     return out, seen
 
 
-def test_first_block_cache_stacks_with_the_patch_on_flux(monkeypatch):
+def test_first_block_cache_stacks_with_the_patch_on_flux():
     """diffusers' First Block Cache and ToMe on one Flux model: cached calls run only the first block,
     which merges, and match nothing for the blocks they skip; the pair is deterministic; removing either
     leaves the other working as it does alone."""
     from diffusers import FirstBlockCacheConfig
-    from tomesd.adapters import hooks
 
     steps = [T.flux_inputs(t=0.5)] * 3  # the first block's residual repeats: the cache skips after the first call
-    matchings = []
-    real = hooks.compute_shared_merge
-    monkeypatch.setattr(hooks, "compute_shared_merge", lambda *a, **k: matchings.append(1) or real(*a, **k))
 
     def fresh(cache, patch):
         model = T.flux()
@@ -156,16 +154,17 @@ def test_first_block_cache_stacks_with_the_patch_on_flux(monkeypatch):
 
     def loop(model):
         outs, queries, counts = [], [], []
+        patched = hasattr(model, "_tome_patch")
         for inputs in steps:
-            before = len(matchings)
-            if getattr(model, "is_cache_enabled", False):
-                with model.cache_context("cond"):
+            with (tomesd.observe(model) if patched else contextlib.nullcontext()) as observed:
+                if getattr(model, "is_cache_enabled", False):
+                    with model.cache_context("cond"):
+                        out, seen = flux_queries(model, inputs)
+                else:
                     out, seen = flux_queries(model, inputs)
-            else:
-                out, seen = flux_queries(model, inputs)
             outs.append(out)
             queries.append(seen)
-            counts.append(len(matchings) - before)
+            counts.append(observed.calls[0].computed if patched else 0)
         return outs, queries, counts
 
     both_model = fresh(True, True)

@@ -266,26 +266,23 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients(kind):
                                                   dict(ratio=0.5))
 
 
-def test_reuse_steps_and_share_across_blocks_on_sd3(models, monkeypatch):
+def test_reuse_steps_and_share_across_blocks_on_sd3(models):
     model = models["sd3"]
-    computed = []
-    real = hooks.compute_merge
-    monkeypatch.setattr(hooks, "compute_merge", lambda *a, **k: computed.append(1) or real(*a, **k))
     steps = [T.transformer_inputs("sd3", t=t, seed=s) for s, t in enumerate([900, 900, 700, 500, 300])]
     tomesd.apply_patch(model, ratio=0.5, reuse_steps=3)
     try:
-        counts, merged = [], []
-        for inputs in steps:
-            before = len(computed)
-            out, seen = probe(model, inputs)
-            counts.append(len(computed) - before)
-            merged.append(seen["q"])
-        assert counts == [3, 0, 0, 0, 3]  # steps 900 (twice), 700, 500 reuse; 300 matches anew
-        assert merged == [[32, 32, 32]] * 5
+        merged = []
+        with tomesd.observe(model) as seen:
+            for inputs in steps:
+                out, tokens = probe(model, inputs)
+                merged.append(tokens["q"])
+        assert [call.computed for call in seen.calls] == [3, 0, 0, 0, 3]  # 900 (twice), 700, 500 reuse; 300 anew
+        assert merged == [[32, 32, 32]] * 5  # every call merges, reusing ones included
         tomesd.apply_patch(model, ratio=0.5, share_across_blocks=True)
-        before = len(computed)
-        out, seen = probe(model, steps[0])
-        assert len(computed) - before == 1 and seen["q"] == [32, 32, 32]  # one matching serves every block
+        with tomesd.observe(model) as seen:
+            out, tokens = probe(model, steps[0])
+        assert (seen.calls[0].computed, seen.calls[0].reused) == (1, 2)  # one matching serves every block
+        assert tokens["q"] == [32, 32, 32]
     finally:
         tomesd.remove_patch(model)
 
