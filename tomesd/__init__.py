@@ -7,9 +7,10 @@ before or after it.
 from . import merge
 from .adapters import ppdiffusers as _ppdiffusers
 from .adapters.observe import observe
+from .config import ToDoConfig, ToMeConfig
 from .patch import apply_patch, remove_patch
 
 __version__ = "0.2.0"
-__all__ = ["apply_patch", "merge", "observe", "remove_patch"]
+__all__ = ["ToDoConfig", "ToMeConfig", "apply_patch", "merge", "observe", "remove_patch"]
 
 _ppdiffusers.install()

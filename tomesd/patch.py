@@ -1,11 +1,13 @@
 """tomesd's public API: apply_patch / remove_patch, for torch and paddle models alike."""
 from __future__ import annotations
 
+import inspect
 from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
 from tome_core import ToMeArgs
 
 from .adapters import targets
+from .config import CONFIGS, ToDoConfig, ToMeConfig
 
 
 def apply_patch(
@@ -20,7 +22,7 @@ def apply_patch(
     merge_mlp: Optional[bool] = None,
     *,
     seed: Optional[int] = None,
-    mode: str = "merge",
+    mode: Optional[str] = None,
     downsample_factor: Optional[int] = None,
     downsample_method: Optional[str] = None,
     reuse_steps: Optional[int] = None,
@@ -28,6 +30,7 @@ def apply_patch(
     blocks: Optional[Sequence[int]] = None,
     st: Optional[int] = None,
     ratio_schedule: Optional[Sequence[Tuple[float, float]]] = None,
+    config: Optional[Union[ToMeConfig, ToDoConfig]] = None,
 ) -> Any:
     """Patch every denoiser of `model` (UNets and ControlNets, never the VAE) to reduce the tokens
     its transformer blocks attend over.
@@ -47,7 +50,10 @@ def apply_patch(
       time (default 1: dst in every frame; 2: one dst per cell of 2 frames x sy x sx, so tokens may
       merge across neighbouring frames). Refused on models whose blocks see one frame.
 
-    mode="merge" (default): exact ToMe, tomesd's arguments and defaults.
+    config: a tomesd.ToMeConfig (mode="merge") or tomesd.ToDoConfig (mode="downsample") holding the
+      settings below, validated when it was built; given a config, give no other setting.
+
+    mode="merge" (default, mode=None): exact ToMe, tomesd's arguments and defaults.
       ratio (0.5): fraction of tokens merged away in each merging block; or a mapping of sites to
       ratios, {"attn": 0.5, "crossattn": 0.3, "mlp": 0.25}: each named site merges at its own ratio
       (one matching per block serves them all), unnamed sites do not (the merge_* flags follow).
@@ -73,14 +79,39 @@ def apply_patch(
       is unmerged. downsample_method: "nearest" (default; the top-left token of each cell) or "avg"
       (the cell's mean). Deterministic; the merge-only arguments above are refused.
     Raises, with `model` unchanged: ValueError naming the argument for a bad argument (including
-    one the chosen mode has no use for); TypeError for an object ToMe cannot patch.
+    one the chosen mode has no use for, and any setting given beside `config`); TypeError for a
+    `config` that is not a ToMeConfig / ToDoConfig, or an object ToMe cannot patch.
     """
-    args = ToMeArgs(
-        ratio, max_downsample, sx, sy, use_rand, merge_attn, merge_crossattn, merge_mlp, seed,
-        mode, downsample_factor, downsample_method, reuse_steps, share_across_blocks, blocks, st,
-        None if ratio_schedule is None else tuple(ratio_schedule),
+    settings = dict(
+        ratio=ratio, max_downsample=max_downsample, sx=sx, sy=sy, use_rand=use_rand, merge_attn=merge_attn,
+        merge_crossattn=merge_crossattn, merge_mlp=merge_mlp, seed=seed, mode=mode,
+        downsample_factor=downsample_factor, downsample_method=downsample_method, reuse_steps=reuse_steps,
+        share_across_blocks=share_across_blocks, blocks=blocks, st=st, ratio_schedule=ratio_schedule,
     )
-    return targets.apply(model, args)[0]
+    return targets.apply(model, resolve(config, settings))[0]
+
+
+# The settings apply_patch takes besides `model` and `config`, in its order.
+SETTINGS = tuple(inspect.signature(apply_patch).parameters)[1:-1]
+
+
+def resolve(config: Any, settings: Mapping[str, Any], caller: str = "apply_patch") -> ToMeArgs:
+    """The validated ToMeArgs of `config`, or else of `settings` (apply_patch's, by name; None: not given),
+    built by keyword. Given both, refuses before anything is patched."""
+    unknown = [name for name in settings if name not in SETTINGS]
+    if unknown:
+        raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}")
+    given = {name: settings[name] for name in SETTINGS if settings.get(name) is not None}  # in apply_patch's order
+    if config is None:
+        return ToMeArgs(**given)  # mode left out: ToMeArgs' default, "merge"
+    if not isinstance(config, CONFIGS):
+        raise TypeError(f"config must be a tomesd.ToMeConfig or tomesd.ToDoConfig, got {type(config).__name__}")
+    if given:
+        raise ValueError(
+            f"{caller}() got config and {', '.join(given)}: give the settings either as config or as arguments, "
+            f"not both (dataclasses.replace(config, ...) gives a config with some settings changed)"
+        )
+    return config.args
 
 
 def remove_patch(model: Any) -> Any:

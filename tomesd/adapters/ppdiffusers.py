@@ -15,8 +15,6 @@ import sys
 import threading
 from typing import Any, Iterator, List, Optional, Tuple, Union
 
-from tome_core import ToMeArgs
-
 from . import targets
 
 _TARGET = "ppdiffusers"
@@ -25,14 +23,31 @@ _lock = threading.Lock()
 BUILTIN: dict = {}
 
 
-def apply_tome(model_or_pipe: Any, *args: Any, **kwargs: Any) -> Any:
+# ppdiffusers' own apply_tome takes these by position, in this order (ppdiffusers/patches/tomesd_patch_utils.py).
+POSITIONAL = ("ratio", "max_downsample", "sx", "sy", "use_rand", "merge_attn", "merge_crossattn", "merge_mlp")
+
+
+def apply_tome(model_or_pipe: Any, *args: Any, config: Any = None, **kwargs: Any) -> Any:
     """ppdiffusers' `apply_tome`, served by this project: `tomesd.apply_patch`'s arguments (its
-    signature, below; `mode="downsample"`, `reuse_steps` and `share_across_blocks` included) and, in
-    merge mode, ppdiffusers' ratio limit. max_downsample=None reduces at the finest level that has
-    attention (1 on SD1/SD2, as ppdiffusers' default of 1). Without `seed`, the random dst pattern
-    uses the fixed tome_core.DEFAULT_SEED (0): deterministic, the same as on torch.
+    signature, below; `config=`, `mode="downsample"`, `reuse_steps` and `share_across_blocks` included)
+    and, in merge mode, ppdiffusers' ratio limit. By position only ppdiffusers' own arguments, in its
+    order (ratio, max_downsample, sx, sy, use_rand, merge_attn, merge_crossattn, merge_mlp); `seed` and
+    the rest by keyword. max_downsample=None reduces at the finest level that has attention (1 on
+    SD1/SD2, as ppdiffusers' default of 1). Without `seed`, the random dst pattern uses the fixed
+    tome_core.DEFAULT_SEED (0): deterministic, the same as on torch.
     """
-    args = ToMeArgs(*args, **kwargs)  # the argument list lives once, in ToMeArgs' fields
+    from ..patch import resolve
+
+    if len(args) > len(POSITIONAL):
+        raise TypeError(
+            f"apply_tome() takes at most {len(POSITIONAL)} settings by position, ppdiffusers' "
+            f"({', '.join(POSITIONAL)}), but {len(args)} were given: give seed and the others by keyword"
+        )
+    for name, value in zip(POSITIONAL, args):
+        if name in kwargs:
+            raise TypeError(f"apply_tome() got multiple values for argument {name!r}")
+        kwargs[name] = value
+    args = resolve(config, kwargs, caller="apply_tome")
     largest = max(dict(args.ratio).values()) if args.per_site else args.ratio
     if args.mode == "merge" and largest >= 1 - 1 / (args.sx * args.sy):
         raise ValueError(f"The tome ratio must be less than {1 - 1 / (args.sx * args.sy)} !")
