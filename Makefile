@@ -1,5 +1,6 @@
-# All set-up is here: `make bench` (the main job) and `make test` (both environments) need nothing else.
+# All set-up is here: `make bench` (the main job) and `make test` (all three environments) need nothing else.
 PYTHON ?= python3
+CORE_ENV := .venv-core
 TORCH_ENV := .venv-torch
 PADDLE_ENV := .venv-paddle
 REF_TOMESD := .refs/tomesd-0.1.3/tomesd/__init__.py
@@ -9,7 +10,7 @@ BENCH_ARGS ?=
 QUALITY_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: bench quality demo test test-torch test-paddle envs clean
+.PHONY: bench quality demo test test-core test-torch test-paddle envs clean
 
 bench: $(TORCH_ENV)/.ready $(REF_TOMESD)
 	$(TORCH_ENV)/bin/python -m tomesd bench $(BENCH_ARGS)
@@ -21,7 +22,12 @@ quality: $(TORCH_ENV)/.ready
 demo: $(TORCH_ENV)/.ready
 	$(TORCH_ENV)/bin/python -m tomesd demo $(DEMO_ARGS)
 
-test: test-torch test-paddle
+test: test-core test-torch test-paddle
+
+# (0) the framework-free core alone: tome_core's tests with NumPy (the reference backend, tests/numpy_backend.py)
+#     and pytest, nothing else. The same tests run on torch and paddle as well in (a) and (b).
+test-core: $(CORE_ENV)/.ready
+	$(CORE_ENV)/bin/python -m pytest -q tests/core
 
 # (a) current torch stack: diffusers 0.42, tomesd 0.1.3 reference, LDM from sdkit.
 test-torch: $(TORCH_ENV)/.ready $(REF_TOMESD)
@@ -35,7 +41,13 @@ test-torch: $(TORCH_ENV)/.ready $(REF_TOMESD)
 test-paddle: $(PADDLE_ENV)/.ready $(REF_TOMESD)
 	$(PADDLE_ENV)/bin/python -m pytest -q --durations=15 tests/core tests/torch tests/paddle --ignore=tests/torch/test_host_contract.py --ignore=tests/torch/test_transformer_host_contract.py --ignore=tests/torch/test_quality.py --ignore=tests/torch/test_wan.py
 
-envs: $(TORCH_ENV)/.ready $(PADDLE_ENV)/.ready $(REF_TOMESD)
+envs: $(CORE_ENV)/.ready $(TORCH_ENV)/.ready $(PADDLE_ENV)/.ready $(REF_TOMESD)
+
+$(CORE_ENV)/.ready: requirements/core.lock pyproject.toml
+	$(PYTHON) -m venv $(CORE_ENV)
+	$(CORE_ENV)/bin/pip install -q -r requirements/core.lock
+	$(CORE_ENV)/bin/pip install -q --no-deps -e .
+	touch $@
 
 $(TORCH_ENV)/.ready: requirements/torch.lock pyproject.toml
 	$(PYTHON) -m venv $(TORCH_ENV)
@@ -56,4 +68,4 @@ $(REF_TOMESD):
 	$(PYTHON) -m pip install -q --no-deps --target .refs/tomesd-0.1.3 tomesd==0.1.3
 
 clean:
-	rm -rf $(TORCH_ENV) $(PADDLE_ENV) .refs
+	rm -rf $(CORE_ENV) $(TORCH_ENV) $(PADDLE_ENV) .refs

@@ -1,5 +1,9 @@
-"""Token Merging for Stable Diffusion: the algorithm, free of any framework import."""
-from .backend import Backend, get_backend, register_backend
+"""Token Merging for Stable Diffusion: the algorithm, free of any framework import.
+
+"ToMe for SD" in these docstrings is the original release (0.1.3), whose results the algorithm
+reproduces. Tensors reach their framework through the backend registered for it (see backend.py).
+"""
+from .backend import Backend, backend_for_name, get_backend, register_backend, registered_backends
 from . import rng
 from .matching import (
     MERGE_MODES, Matching, TokenMerge, bipartite_soft_matching_random2d, compute_merge, compute_merges,
@@ -24,6 +28,7 @@ __all__ = [
     "ToMeArgs",
     "TokenMerge",
     "bipartite_soft_matching_random2d",
+    "backend_for_name",
     "block_grid",
     "compute_downsample",
     "compute_merge",
@@ -39,5 +44,6 @@ __all__ = [
     "plan_block",
     "plan_patch_block",
     "register_backend",
+    "registered_backends",
     "rng",
 ]

@@ -1,22 +1,23 @@
 """The array operations the algorithm is written against, and how a tensor finds its backend.
 
-The core never imports a framework. A backend is an object with the methods of `Backend`; the
-ones this project ships are named here by module path and imported only when a tensor of that
-framework first arrives.
+The core never imports a framework, and knows none by name. A backend is an object with the
+methods of `Backend`; whoever ships one registers it here under the top-level module name of
+the tensors it serves ("torch" for `torch.Tensor`, "numpy" for `numpy.ndarray`), either as the
+object itself or as a loader called once, when the first tensor of that framework arrives, so
+registering imports no framework. An application registers its frameworks when it is imported.
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any, ContextManager, Protocol, Sequence, Tuple
+import threading
+from typing import Any, Callable, ContextManager, Dict, Optional, Protocol, Sequence, Tuple
 
 Array = Any
 
-# Top-level module of a tensor's class -> "module:attribute" of the backend instance serving it.
-_KNOWN_BACKENDS = {
-    "torch": "tomesd.backends.torch:backend",
-    "paddle": "tomesd.backends.paddle:backend",
-}
-_LOADED: dict = {}
+# Top-level module of a tensor's class -> a zero-argument loader returning the backend serving it.
+_LOADERS: Dict[str, Callable[[], "Backend"]] = {}
+# Backends already loaded, by the same key: the per-call path is one dict lookup.
+_LOADED: Dict[str, "Backend"] = {}
+_LOCK = threading.Lock()
 
 
 class Backend(Protocol):
@@ -43,7 +44,9 @@ class Backend(Protocol):
         along axis 0; rows that receive nothing keep `target`'s values."""
     def argsort(self, x: Array, axis: int, descending: bool) -> Array:
         """Stable, so ties keep index order on every backend; x may be boolean."""
-    def max_with_indices(self, x: Array, axis: int) -> Tuple[Array, Array]: ...
+    def max_with_indices(self, x: Array, axis: int) -> Tuple[Array, Array]:
+        """The maxima along `axis` and their int64 indices: the first of equal maxima, so an exact score tie
+        goes to the first dst on every backend."""
     def matmul_transposed(self, a: Array, b: Array) -> Array:
         """a @ b^T over the last two axes."""
     def l2_normalize(self, x: Array, axis: int) -> Array: ...
@@ -62,19 +65,45 @@ class Backend(Protocol):
         """Flat int64 draws in [0, high) of `shape` from a framework generator, on `like`'s device."""
 
 
-def register_backend(module_name: str, target: str) -> None:
-    """Serve tensors whose class lives in `module_name` by the backend at `target` ("module:attr")."""
-    _KNOWN_BACKENDS[module_name] = target
-    _LOADED.pop(module_name, None)
+def register_backend(module_name: str, backend: Optional[Backend] = None, *,
+                     loader: Optional[Callable[[], Backend]] = None) -> None:
+    """Serve tensors whose class lives in the top-level module `module_name` by `backend`, or by the
+    backend `loader()` returns (called once, when the first such tensor arrives). Exactly one of the
+    two; a new registration for a name replaces the old one, loaded or not."""
+    if (backend is None) == (loader is None):
+        raise TypeError("register_backend takes a backend or a loader, not both and not neither")
+    if loader is not None and not callable(loader):
+        raise TypeError(f"loader must be a callable returning the backend, got {type(loader).__name__}")
+    with _LOCK:
+        _LOADERS[module_name] = loader if loader is not None else (lambda: backend)
+        _LOADED.pop(module_name, None)
+        if backend is not None:
+            _LOADED[module_name] = backend
+
+
+def registered_backends() -> Tuple[str, ...]:
+    """The module names with a registered backend, loaded or not."""
+    return tuple(sorted(_LOADERS))
 
 
 def backend_for_name(name: str) -> Backend:
-    if name not in _LOADED:
-        if name not in _KNOWN_BACKENDS:
-            raise TypeError(f"no ToMe backend for '{name}' tensors; known: {sorted(_KNOWN_BACKENDS)}")
-        module_path, attr = _KNOWN_BACKENDS[name].split(":")
-        _LOADED[name] = getattr(importlib.import_module(module_path), attr)
-    return _LOADED[name]
+    """The backend registered for tensors of the top-level module `name`, loading it on first use."""
+    backend = _LOADED.get(name)
+    if backend is not None:
+        return backend
+    with _LOCK:
+        if name not in _LOADED:
+            if name not in _LOADERS:
+                known = ", ".join(sorted(_LOADERS)) or "none"
+                raise TypeError(
+                    f"no ToMe backend is registered for '{name}' tensors (registered: {known}). Register one "
+                    f"with tome_core.register_backend({name!r}, backend), or register_backend({name!r}, "
+                    f"loader=...) to import it when the first such tensor arrives; a backend is an object "
+                    f"with the methods of tome_core.Backend. An application using tome_core registers the "
+                    f"backends of the frameworks it supports when it is imported: import it first."
+                )
+            _LOADED[name] = _LOADERS[name]()
+        return _LOADED[name]
 
 
 def get_backend(x: Array) -> Backend:

@@ -2,7 +2,7 @@
 
 A computed merge is one index map: token t of the input goes to row `rows[b, t]` of the merged
 sequence. Merging is a scatter-add over that map times the inverse row counts (a mean);
-unmerging is one gather. The merged layout is tomesd's: unmerged src tokens in descending
+unmerging is one gather. The merged layout is ToMe for SD's: unmerged src tokens in descending
 similarity order, then every dst token in grid order.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 from . import rng
 from .backend import Backend, get_backend
 
-# tomesd's merge passes `mode` to scatter_reduce; every reduction it accepts is served here.
+# ToMe for SD's merge passes `mode` to scatter_reduce; every reduction it accepts is served here.
 MERGE_MODES = ("mean", "sum", "amax", "amin", "prod")
 
 
@@ -27,7 +27,7 @@ def grid_partition(
 
     `offsets` holds one int in [0, sx*sy) per cell, row-major (None: the top-left token).
     Cells are laid over the top-left (h//sy*sy, w//sx*sx) region; tokens outside it are src, as
-    in tomesd. Returns (order, position): `order` holds the src token ids, then the dst ones, each
+    in ToMe for SD. Returns (order, position): `order` holds the src token ids, then the dst ones, each
     ascending; `position[t]` is the place of token t in `order`.
     """
     hsy, wsx = h // sy, w // sx
@@ -312,11 +312,12 @@ def bipartite_soft_matching_random2d(
     *,
     seed: Optional[int] = None,
 ) -> Tuple[Callable, Callable]:
-    """tomesd's function: partition tokens into src/dst (one dst per sx-by-sy cell, random or
+    """ToMe for SD's function: partition tokens into src/dst (one dst per sx-by-sy cell, random or
     top-left) and merge the r most similar src tokens into their dst.
 
-    metric [B, N, C] (torch or paddle), N == h*w. The random dst comes from `generator` when one is
-    given (a torch.Generator, drawn from as tomesd does), else from `seed` (default
+    metric [B, N, C] (a tensor of a framework with a registered backend), N == h*w. The random dst
+    comes from `generator` when one is given (a torch.Generator, drawn from as ToMe for SD does; a
+    backend may take its own framework's generator), else from `seed` (default
     tome_core.rng.DEFAULT_SEED): the same arguments give the same merge, and the global RNG is
     never read. Returns (merge, unmerge); merge(x, mode="mean") -> [B, N - r, C], unmerge -> [B, N, C].
     """

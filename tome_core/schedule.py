@@ -1,4 +1,4 @@
-"""Which blocks merge, and with what grid and r: tomesd's per-block rule."""
+"""Which blocks merge, and with what grid and r: ToMe for SD's per-block rule."""
 from __future__ import annotations
 
 import math
@@ -24,7 +24,7 @@ class ToMeArgs:
     """The user's settings, validated once, before anything is patched: every bad value raises a
     ValueError that names the argument.
 
-    The first nine fields are tomesd's, in tomesd's order. `mode="merge"` is exact ToMe (with
+    The first nine fields are ToMe for SD's, in ToMe for SD's order. `mode="merge"` is exact ToMe (with
     `reuse_steps` / `share_across_blocks` reusing its matching); `mode="downsample"` gives
     self-attention keys and values from the block's token grid downsampled by
     `downsample_factor` per side (ToDo), queries untouched.
@@ -51,8 +51,8 @@ class ToMeArgs:
     # in every frame's cells; 2: one dst per two frames' cell, so a frame's tokens may merge into a
     # neighbour's. Models whose blocks see one frame refuse any other value.
     st: Optional[int] = None
-    # A ratio that changes over the denoising run (tomesd #28): ((start, ratio), ...) by the run's progress in
-    # [0, 1), the first piece starting at 0; replaces `ratio`. See ratio_at.
+    # A ratio that changes over the denoising run (ToMe for SD issue #28): ((start, ratio), ...) by the run's
+    # progress in [0, 1), the first piece starting at 0; replaces `ratio`. See ratio_at.
     ratio_schedule: Optional[Tuple[Tuple[float, float], ...]] = None
 
     def __post_init__(self) -> None:
@@ -208,7 +208,7 @@ def _is_int(value: object) -> bool:
 
 
 def downsample_level(latent_hw: Tuple[int, int], num_tokens: int) -> int:
-    """tomesd's estimate of how many times a block's grid is downsampled from the latent."""
+    """ToMe for SD's estimate of how many times a block's grid is downsampled from the latent."""
     h, w = latent_hw
     return int(math.ceil(math.sqrt((h * w) // num_tokens)))
 
@@ -216,8 +216,8 @@ def downsample_level(latent_hw: Tuple[int, int], num_tokens: int) -> int:
 def block_grid(latent_hw: Tuple[int, int], num_tokens: int) -> Optional[Tuple[int, int, int]]:
     """(level, h, w) of a block's token grid, or None when no level explains `num_tokens`.
 
-    A UNet's strided convolutions give ceil(side / level) tokens per side. tomesd's estimate is
-    used whenever its grid holds exactly `num_tokens` (so results equal tomesd's); otherwise the
+    A UNet's strided convolutions give ceil(side / level) tokens per side. ToMe for SD's estimate is
+    used whenever its grid holds exactly `num_tokens` (so results equal ToMe for SD's); otherwise the
     power-of-two level whose grid does. Latent sides that do not divide by the level can make the
     estimate wrong (17x24 at level 8: 3x3 tokens, estimated level 7), and such a block must not
     be given a grid it does not have.
@@ -262,7 +262,7 @@ def plan_block(
     """What a block with `num_tokens` tokens gets, or None when it is left alone.
 
     `finest_level` is the level of the first attention block of the call; it stands in for
-    `max_downsample` when that is None, so SD1/2 (attention at level 1) behave as tomesd's default.
+    `max_downsample` when that is None, so SD1/2 (attention at level 1) behave as ToMe for SD's default.
     The same rule picks the blocks in every mode. A block whose token count fits no grid of the
     latent is left alone.
     """

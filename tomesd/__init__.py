@@ -1,9 +1,11 @@
 """Token Merging for Stable Diffusion on PyTorch and PaddlePaddle, from one implementation.
 
-Importing this package imports neither torch nor paddle. It makes `pipe.apply_tome()` /
+Importing this package imports neither torch nor paddle: it registers their tome_core backends,
+each imported when a tensor of its framework first arrives. It makes `pipe.apply_tome()` /
 `remove_tome()` on ppdiffusers objects run this implementation, whether ppdiffusers is imported
 before or after it.
 """
+from . import backends as _backends  # registers the torch and paddle backends with tome_core, lazily
 from . import merge
 from .adapters import ppdiffusers as _ppdiffusers
 from .adapters.observe import observe

@@ -22,20 +22,24 @@ and the groups (with the token each shared row stands for) are compared as sets.
 scales that differ per token and sample (so summing raw metrics over the batch is not the same as summing
 unit ones), and the loop asserts that no decision it makes is a near tie, so ties never decide a result.
 The UNet path is also checked against tomesd 0.1.3 in tests/torch/test_core_vs_tomesd.py.
+
+Every test runs on each backend (`fw`, tests/core/conftest.py): the NumPy reference one always, torch and
+paddle where they import. Inputs are NumPy arrays (so each backend sees the same values) handed to the core
+as the framework's tensors.
 """
 import math
 import zlib
 
+import numpy as np
 import pytest
-import torch
 
 from tome_core import (
-    compute_merge, compute_merges, compute_shared_merge, compute_shared_merges, get_backend, num_cells, rng,
+    MERGE_MODES, bipartite_soft_matching_random2d, compute_downsample, compute_merge, compute_merges,
+    compute_shared_merge, compute_shared_merges, num_cells, rng,
 )
 
 TOL = 1e-6
 GAP = 1e-9  # the least margin the loop accepts for a decision (best dst, the r-th edge)
-XP = get_backend(torch.zeros(1))
 
 
 # ----------------------------------------------------------------------------- the loop reference
@@ -126,18 +130,18 @@ def group_means(x, groups):
         mean = [sum(rows[t][j] for t in members) / len(members) for j in range(len(rows[0]))]
         for t in members:
             out[t] = mean
-    return torch.tensor(out, dtype=x.dtype)
+    return np.array(out, dtype=x.dtype)
 
 
 # ----------------------------------------------------------------------------- inputs and the core's result
 
 def random_metric(gen, b, n, c=6):
-    scale = torch.exp(torch.randn(b, n, 1, generator=gen, dtype=torch.float64))  # sizes 0.1x .. 10x
-    return torch.randn(b, n, c, generator=gen, dtype=torch.float64) * scale
+    scale = np.exp(gen.standard_normal((b, n, 1)))  # sizes 0.1x .. 10x
+    return gen.standard_normal((b, n, c)) * scale
 
 
-def seed_of(*case):
-    return zlib.crc32(repr(case).encode())  # str hashes change between runs; this does not
+def generator(*case):
+    return np.random.default_rng(zlib.crc32(repr(case).encode()))  # str hashes change between runs; crc32 not
 
 
 def grid_coords(shape):
@@ -148,29 +152,30 @@ def grid_coords(shape):
     return out
 
 
-def laid_out(shape, layout, gen):
+def laid_out(fw, shape, layout, gen):
     """(coordinate tuples, one [N] int64 tensor per axis): row-major from 0, or shuffled with ids from 3, 5, ..."""
     coords = grid_coords(shape)
     if layout == "shuffled":
-        perm = torch.randperm(len(coords), generator=gen).tolist()
+        perm = gen.permutation(len(coords)).tolist()
         coords = [tuple(v + 3 + 2 * a for a, v in enumerate(coords[p])) for p in perm]
-    axes = [torch.tensor([c[a] for c in coords], dtype=torch.int64) for a in range(len(shape))]
+    axes = [fw.tensor(np.array([c[a] for c in coords], dtype=np.int64)) for a in range(len(shape))]
     return coords, axes
 
 
-def table(kind, cells, places, like, seed=0):
+def table(fw, kind, cells, places, like, seed=0):
     if kind is None:
         return None, None
-    t = rng.randint(XP, like, [cells], places, rng.call_key(XP, seed, None))
-    assert len(set(t.tolist())) > 1  # the table does move dst away from the cells' first token
-    return t, t.tolist()
+    t = rng.randint(fw.xp, like, [cells], places, rng.call_key(fw.xp, seed, None))
+    values = fw.numpy(t).tolist()
+    assert len(set(values)) > 1  # the table does move dst away from the cells' first token
+    return t, values
 
 
-def core_groups(merge, sample, batch):
+def core_groups(fw, merge, sample, batch):
     """{frozenset(group): merged row} of one sample, read through unmerge: no layout assumed."""
     m = merge.num_merged
-    ids = torch.arange(m, dtype=torch.float64).reshape(1, m, 1).expand(batch, m, 1)
-    rows = merge.unmerge(ids)[sample, :, 0].round().long().tolist()
+    ids = fw.tensor(np.broadcast_to(np.arange(m, dtype=np.float64).reshape(1, m, 1), (batch, m, 1)))
+    rows = np.rint(fw.numpy(merge.unmerge(ids))[sample, :, 0]).astype(np.int64).tolist()
     members = {}
     for t, row in enumerate(rows):
         members.setdefault(row, set()).add(t)
@@ -178,15 +183,21 @@ def core_groups(merge, sample, batch):
     return {frozenset(v): row for row, v in members.items()}
 
 
-def assert_merge_equals_loop(merge, x, expected, samples):
+def round_trip(fw, merge, x):
+    """unmerge(merge(x)) of the numpy array x, on fw, as a numpy array."""
+    return fw.numpy(merge.unmerge(merge.merge(fw.tensor(x))))
+
+
+def assert_merge_equals_loop(fw, merge, x, expected, samples):
     """`expected[b]`: the loop's groups of sample b. The merge's group means, group sets and row count."""
     b = x.shape[0]
-    assert merge.num_merged == len(expected[0]) and merge.merge(x).shape == (b, len(expected[0]), x.shape[2])
-    y = merge.unmerge(merge.merge(x))
-    assert (y - x).abs().max().item() > 1000 * TOL  # merging changes x far beyond the tolerance
+    merged = fw.numpy(merge.merge(fw.tensor(x)))
+    assert merge.num_merged == len(expected[0]) and merged.shape == (b, len(expected[0]), x.shape[2])
+    y = round_trip(fw, merge, x)
+    assert y.dtype == x.dtype and np.abs(y - x).max() > 1000 * TOL  # merging changes x far beyond the tolerance
     for i in samples:
-        assert set(core_groups(merge, i, b)) == set(expected[i])
-        torch.testing.assert_close(y[i], group_means(x[i], expected[i]), rtol=0, atol=TOL)
+        assert set(core_groups(fw, merge, i, b)) == set(expected[i])
+        np.testing.assert_allclose(y[i], group_means(x[i], expected[i]), rtol=0, atol=TOL)
 
 
 def rs_for(n, num_src):
@@ -207,51 +218,51 @@ def shared_expected(metric, coords, strides, offsets, r):
     return loop_match(loop_shared_vectors(metric), src, dst, r), len(src)
 
 
-def assert_shared_equals_loop(merge, x, expected):
+def assert_shared_equals_loop(fw, merge, x, expected):
     b = x.shape[0]
-    assert_merge_equals_loop(merge, x, [expected] * b, range(b))
-    groups = core_groups(merge, 0, b)
+    assert_merge_equals_loop(fw, merge, x, [expected] * b, range(b))
+    groups = core_groups(fw, merge, 0, b)
     for i in range(1, b):
-        assert core_groups(merge, i, b) == groups  # one map for the whole batch
-    reps = merge.representatives.tolist()
+        assert core_groups(fw, merge, i, b) == groups  # one map for the whole batch
+    reps = fw.numpy(merge.representatives).tolist()
     assert {g: reps[row] for g, row in groups.items()} == expected  # each row stands for its dst, or itself
 
 
 @pytest.mark.parametrize("layout", ["row-major", "shuffled"])
 @pytest.mark.parametrize("offsets", [None, "random"])
 @pytest.mark.parametrize("shape,strides", SHARED_CASES)
-def test_shared_merge_equals_the_loop(shape, strides, offsets, layout):
-    gen = torch.Generator().manual_seed(seed_of((shape, strides, offsets, layout)))
-    coords, axes = laid_out(shape, layout, gen)
+def test_shared_merge_equals_the_loop(fw, shape, strides, offsets, layout):
+    gen = generator(shape, strides, offsets, layout)
+    coords, axes = laid_out(fw, shape, layout, gen)
     n, b = len(coords), 3
-    metric, x = random_metric(gen, b, n), torch.randn(b, n, 5, generator=gen, dtype=torch.float64)
+    metric, x = random_metric(gen, b, n), gen.standard_normal((b, n, 5))
     volume = math.prod(strides)
-    offs, offs_list = table(offsets, n // volume, volume, metric)
+    offs, offs_list = table(fw, offsets, n // volume, volume, fw.tensor(metric))
     for r in rs_for(n, n - n // volume):
         expected, num_src = shared_expected(metric, coords, strides, offs_list, r)
-        merge = compute_shared_merge(XP, metric, axes, strides, r, offs)
+        merge = compute_shared_merge(fw.xp, fw.tensor(metric), axes, strides, r, offs)
         assert merge.num_merged == n - min(r, num_src)
-        assert_shared_equals_loop(merge, x, expected)
+        assert_shared_equals_loop(fw, merge, x, expected)
 
 
 @pytest.mark.parametrize("offsets", [None, "random"])
 @pytest.mark.parametrize("shape,strides", [((7, 9), (2, 2)), ((4, 4, 6), (2, 2, 2)), ((3, 5, 4), (1, 2, 2))])
-def test_shared_merges_equal_the_single_r_merge_and_the_loop_at_each_r(shape, strides, offsets):
-    gen = torch.Generator().manual_seed(seed_of((shape, strides, offsets, "many")))
-    coords, axes = laid_out(shape, "shuffled", gen)
+def test_shared_merges_equal_the_single_r_merge_and_the_loop_at_each_r(fw, shape, strides, offsets):
+    gen = generator(shape, strides, offsets, "many")
+    coords, axes = laid_out(fw, shape, "shuffled", gen)
     n, b = len(coords), 2
-    metric, x = random_metric(gen, b, n), torch.randn(b, n, 5, generator=gen, dtype=torch.float64)
+    metric, x = random_metric(gen, b, n), gen.standard_normal((b, n, 5))
     volume = math.prod(strides)
-    offs, offs_list = table(offsets, n // volume, volume, metric, seed=7)
+    offs, offs_list = table(fw, offsets, n // volume, volume, fw.tensor(metric), seed=7)
     rs = rs_for(n, n - n // volume)
-    merges = compute_shared_merges(XP, metric, axes, strides, rs + [0], offs)
+    merges = compute_shared_merges(fw.xp, fw.tensor(metric), axes, strides, rs + [0], offs)
     assert sorted(merges) == rs
     for r in rs:
         expected, _ = shared_expected(metric, coords, strides, offs_list, r)
-        assert_shared_equals_loop(merges[r], x, expected)
-        single = compute_shared_merge(XP, metric, axes, strides, r, offs)
-        assert torch.equal(merges[r].unmerge(merges[r].merge(x)), single.unmerge(single.merge(x)))
-        assert torch.equal(merges[r].representatives, single.representatives)
+        assert_shared_equals_loop(fw, merges[r], x, expected)
+        single = compute_shared_merge(fw.xp, fw.tensor(metric), axes, strides, r, offs)
+        assert np.array_equal(round_trip(fw, merges[r], x), round_trip(fw, single, x))
+        assert np.array_equal(fw.numpy(merges[r].representatives), fw.numpy(single.representatives))
 
 
 # ----------------------------------------------------------------------------- per-sample matching on an image grid
@@ -269,36 +280,36 @@ def grid_expected(metric, h, w, sy, sx, offsets, r):
 
 @pytest.mark.parametrize("offsets", [None, "random"])
 @pytest.mark.parametrize("h,w,sy,sx", GRID_CASES)
-def test_per_sample_merge_equals_the_loop(h, w, sy, sx, offsets):
-    gen = torch.Generator().manual_seed(seed_of((h, w, sy, sx, offsets)))
+def test_per_sample_merge_equals_the_loop(fw, h, w, sy, sx, offsets):
+    gen = generator(h, w, sy, sx, offsets)
     n, b = h * w, 2
-    metric, x = random_metric(gen, b, n), torch.randn(b, n, 5, generator=gen, dtype=torch.float64)
+    metric, x = random_metric(gen, b, n), gen.standard_normal((b, n, 5))
     cells = num_cells(w, h, sx, sy)
-    offs, offs_list = table(offsets, cells, sx * sy, metric, seed=3)
+    offs, offs_list = table(fw, offsets, cells, sx * sy, fw.tensor(metric), seed=3)
     for r in rs_for(n, n - cells):
         expected, num_src = grid_expected(metric, h, w, sy, sx, offs_list, r)
-        merge = compute_merge(XP, metric, w, h, sx, sy, r, offs)
+        merge = compute_merge(fw.xp, fw.tensor(metric), w, h, sx, sy, r, offs)
         assert merge.num_merged == n - min(r, num_src)
-        assert_merge_equals_loop(merge, x, expected, range(b))
-        assert core_groups(merge, 0, b) != core_groups(merge, 1, b) or r >= num_src  # each sample its own
+        assert_merge_equals_loop(fw, merge, x, expected, range(b))
+        assert core_groups(fw, merge, 0, b) != core_groups(fw, merge, 1, b) or r >= num_src  # each sample its own
 
 
 @pytest.mark.parametrize("offsets", [None, "random"])
 @pytest.mark.parametrize("h,w,sy,sx", [(7, 9, 2, 2), (6, 8, 1, 2)])
-def test_per_sample_merges_equal_the_single_r_merge_and_the_loop_at_each_r(h, w, sy, sx, offsets):
-    gen = torch.Generator().manual_seed(seed_of((h, w, sy, sx, offsets, "many")))
+def test_per_sample_merges_equal_the_single_r_merge_and_the_loop_at_each_r(fw, h, w, sy, sx, offsets):
+    gen = generator(h, w, sy, sx, offsets, "many")
     n, b = h * w, 2
-    metric, x = random_metric(gen, b, n), torch.randn(b, n, 5, generator=gen, dtype=torch.float64)
+    metric, x = random_metric(gen, b, n), gen.standard_normal((b, n, 5))
     cells = num_cells(w, h, sx, sy)
-    offs, offs_list = table(offsets, cells, sx * sy, metric, seed=5)
+    offs, offs_list = table(fw, offsets, cells, sx * sy, fw.tensor(metric), seed=5)
     rs = rs_for(n, n - cells)
-    merges = compute_merges(XP, metric, w, h, sx, sy, rs + [0], offs)
+    merges = compute_merges(fw.xp, fw.tensor(metric), w, h, sx, sy, rs + [0], offs)
     assert sorted(merges) == rs
     for r in rs:
         expected, _ = grid_expected(metric, h, w, sy, sx, offs_list, r)
-        assert_merge_equals_loop(merges[r], x, expected, range(b))
-        single = compute_merge(XP, metric, w, h, sx, sy, r, offs)
-        assert torch.equal(merges[r].unmerge(merges[r].merge(x)), single.unmerge(single.merge(x)))
+        assert_merge_equals_loop(fw, merges[r], x, expected, range(b))
+        single = compute_merge(fw.xp, fw.tensor(metric), w, h, sx, sy, r, offs)
+        assert np.array_equal(round_trip(fw, merges[r], x), round_trip(fw, single, x))
 
 
 # ----------------------------------------------------------------------------- exact ties
@@ -306,43 +317,140 @@ def test_per_sample_merges_equal_the_single_r_merge_and_the_loop_at_each_r(h, w,
 def one_hot_metric(gen, b, n, c, same_across_batch):
     """Tokens pointing along one of c axes, at power-of-two lengths: every cosine (and the batch's summed unit
     metric) is exact, so equal scores are equal bit for bit and ties decide the matching."""
-    axis = torch.randint(c, (1 if same_across_batch else b, n), generator=gen).expand(b, n)
-    length = 2.0 ** torch.randint(-3, 4, (b, n), generator=gen).double()
-    return torch.nn.functional.one_hot(axis, c).double() * length[..., None]
+    axis = np.broadcast_to(gen.integers(0, c, size=(1 if same_across_batch else b, n)), (b, n))
+    length = 2.0 ** gen.integers(-3, 4, size=(b, n)).astype(np.float64)
+    return np.eye(c)[axis] * length[..., None]
 
 
 @pytest.mark.parametrize("case", ["grid", "shared-2d", "shared-3d"])
-def test_exact_ties_go_to_the_first_dst_and_the_first_src(case):
-    gen = torch.Generator().manual_seed(seed_of(case, "ties"))
+def test_exact_ties_go_to_the_first_dst_and_the_first_src(fw, case):
+    gen = generator(case, "ties")
     b = 2
     if case == "grid":
         h, w, sy, sx = 7, 9, 2, 2
         n = h * w
         metric = one_hot_metric(gen, b, n, 4, same_across_batch=False)
-        offs, offs_list = table("random", num_cells(w, h, sx, sy), sx * sy, metric, seed=11)
+        offs, offs_list = table(fw, "random", num_cells(w, h, sx, sy), sx * sy, fw.tensor(metric), seed=11)
     else:
         shape, strides = ((7, 9), (2, 2)) if case == "shared-2d" else ((3, 5, 4), (2, 2, 2))
-        coords, axes = laid_out(shape, "shuffled", gen)
+        coords, axes = laid_out(fw, shape, "shuffled", gen)
         n, volume = len(coords), math.prod(strides)
         metric = one_hot_metric(gen, b, n, 4, same_across_batch=True)
-        offs, offs_list = table("random", n // volume, volume, metric, seed=11)
-    x = torch.randn(b, n, 5, generator=gen, dtype=torch.float64)
+        offs, offs_list = table(fw, "random", n // volume, volume, fw.tensor(metric), seed=11)
+    x = gen.standard_normal((b, n, 5))
     for r in (3, n // 4, n // 2):
         if case == "grid":
             src, dst = loop_partition(grid_coords((h, w)), (sy, sx), offs_list)
             expected = [loop_match(sample, src, dst, r, ties=True) for sample in metric.tolist()]
-            assert_merge_equals_loop(compute_merge(XP, metric, w, h, sx, sy, r, offs), x, expected, range(b))
+            merge = compute_merge(fw.xp, fw.tensor(metric), w, h, sx, sy, r, offs)
+            assert_merge_equals_loop(fw, merge, x, expected, range(b))
         else:
             src, dst = loop_partition(coords, strides, offs_list, fill_to=n // volume)
             expected = loop_match(loop_shared_vectors(metric), src, dst, r, ties=True)
-            assert_shared_equals_loop(compute_shared_merge(XP, metric, axes, strides, r, offs), x, expected)
+            merge = compute_shared_merge(fw.xp, fw.tensor(metric), axes, strides, r, offs)
+            assert_shared_equals_loop(fw, merge, x, expected)
 
 
-def test_nothing_merges_at_r_zero_or_below_one_cell():
-    metric = torch.randn(2, 12, 4, dtype=torch.float64)
-    axes = [torch.arange(12) // 4, torch.arange(12) % 4]
-    assert compute_merge(XP, metric, 4, 3, 2, 2, 0) is None
-    assert compute_merge(XP, metric, 12, 1, 2, 2, 5) is None  # one row: no 2 x 2 cell
-    assert compute_shared_merge(XP, metric, axes, (2, 2), 0) is None
-    assert compute_merges(XP, metric, 4, 3, 2, 2, [0, -1]) is None
-    assert compute_shared_merges(XP, metric, axes, (2, 2), [0]) is None
+def test_nothing_merges_at_r_zero_or_below_one_cell(fw):
+    metric = fw.tensor(np.random.default_rng(0).standard_normal((2, 12, 4)))
+    axes = [fw.tensor(np.arange(12, dtype=np.int64) // 4), fw.tensor(np.arange(12, dtype=np.int64) % 4)]
+    assert compute_merge(fw.xp, metric, 4, 3, 2, 2, 0) is None
+    assert compute_merge(fw.xp, metric, 12, 1, 2, 2, 5) is None  # one row: no 2 x 2 cell
+    assert compute_shared_merge(fw.xp, metric, axes, (2, 2), 0) is None
+    assert compute_merges(fw.xp, metric, 4, 3, 2, 2, [0, -1]) is None
+    assert compute_shared_merges(fw.xp, metric, axes, (2, 2), [0]) is None
+
+
+# ----------------------------------------------------------------------------- reductions other than the mean
+
+LOOP_REDUCE = {"sum": sum, "amax": max, "amin": min, "prod": math.prod}
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["per-sample", "shared"])
+@pytest.mark.parametrize("mode", [m for m in MERGE_MODES if m != "mean"])
+def test_each_merge_mode_reduces_each_group_as_the_loop(fw, mode, shared):
+    """merge(x, mode) reduces the tokens of each of the loop's groups (a dst and the src merged into it)."""
+    gen = generator(mode, shared, "modes")
+    h, w, sy, sx, b = 6, 8, 2, 2, 2
+    n, r = h * w, h * w // 2  # 24 of the 36 src merge into 12 dst: groups of up to several tokens
+    metric, x = random_metric(gen, b, n), gen.standard_normal((b, n, 5))
+    if shared:
+        coords, axes = laid_out(fw, (h, w), "shuffled", gen)
+        offs, offs_list = table(fw, "random", n // 4, 4, fw.tensor(metric), seed=13)
+        expected = [shared_expected(metric, coords, (sy, sx), offs_list, r)[0]] * b
+        merge = compute_shared_merge(fw.xp, fw.tensor(metric), axes, (sy, sx), r, offs)
+    else:
+        offs, offs_list = table(fw, "random", num_cells(w, h, sx, sy), 4, fw.tensor(metric), seed=13)
+        expected = grid_expected(metric, h, w, sy, sx, offs_list, r)[0]
+        merge = compute_merge(fw.xp, fw.tensor(metric), w, h, sx, sy, r, offs)
+    out = fw.numpy(merge.merge(fw.tensor(x), mode=mode))
+    assert out.shape == (b, n - r, 5) and out.dtype == x.dtype
+    for i in range(b):
+        groups = core_groups(fw, merge, i, b)
+        assert set(groups) == set(expected[i]) and max(len(g) for g in groups) >= 3
+        for members, row in groups.items():
+            want = [LOOP_REDUCE[mode](x[i, t, j] for t in sorted(members)) for j in range(x.shape[2])]
+            np.testing.assert_allclose(out[i, row], want, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="merge mode"):
+        merge.merge(fw.tensor(x), mode="median")
+
+
+# ----------------------------------------------------------------------------- token downsampling (ToDo)
+
+@pytest.mark.parametrize("method", ["nearest", "avg"])
+@pytest.mark.parametrize("h,w,factor", [(6, 8, 2), (7, 9, 2), (5, 7, 3), (1, 6, 2), (8, 8, 4)])
+def test_downsample_keeps_each_cells_first_token_or_its_mean_as_the_loop(fw, method, h, w, factor):
+    """Each factor x factor cell (partial at the far edges) gives one key/value token: its top-left token
+    ("nearest") or the mean of the tokens it holds ("avg"), cells in row-major order."""
+    gen = generator(h, w, factor, method, "downsample")
+    b = 2
+    x = gen.standard_normal((b, h * w, 5))
+    hh, ww = -(-h // factor), -(-w // factor)
+    expected = np.zeros((b, hh * ww, 5))
+    for cy in range(hh):
+        for cx in range(ww):
+            cell = [y * w + c for y in range(cy * factor, min(h, cy * factor + factor))
+                    for c in range(cx * factor, min(w, cx * factor + factor))]
+            for i in range(b):
+                rows = [x[i, t].tolist() for t in cell]
+                expected[i, cy * ww + cx] = rows[0] if method == "nearest" else [sum(v) / len(rows) for v in zip(*rows)]
+    down = compute_downsample(fw.xp, fw.tensor(x), b, w, h, factor, method)
+    out = fw.numpy(down(fw.tensor(x)))
+    assert down.num_kept == hh * ww and out.shape == expected.shape and out.dtype == x.dtype
+    np.testing.assert_allclose(out, expected, rtol=0, atol=TOL)  # means use float32 inverse counts
+    assert compute_downsample(fw.xp, fw.tensor(x), b, w, h, 1, method) is None
+
+
+# ----------------------------------------------------------------------------- the bipartite_soft_matching_random2d entry point
+
+@pytest.mark.parametrize("how", ["no_rand", "default seed", "seed", "generator"])
+def test_the_entry_point_merges_as_the_loop(fw, how):
+    """get_backend finds the tensor's backend; the dst table comes from the seed's counter-based draws, the
+    framework generator's, or is the cells' first token."""
+    h, w, sx, sy, b, r = 7, 9, 2, 2, 2, 20
+    gen = generator(how, "entry point")
+    n, cells = h * w, num_cells(w, h, sx, sy)
+    metric, x = random_metric(gen, b, n), gen.standard_normal((b, n, 5))
+    like = fw.tensor(metric)
+    if how == "no_rand":
+        kwargs, offs_list = {"no_rand": True}, None
+    elif how == "default seed":
+        kwargs, offs_list = {}, table(fw, "random", cells, sx * sy, like, seed=rng.DEFAULT_SEED)[1]
+    elif how == "seed":
+        kwargs, offs_list = {"seed": 9}, table(fw, "random", cells, sx * sy, like, seed=9)[1]
+    else:
+        if fw.name == "paddle":  # paddle's randint takes no generator object: refused, naming seed=
+            with pytest.raises(TypeError, match="seed="):
+                bipartite_soft_matching_random2d(like, w, h, sx, sy, r, generator=object())
+            return
+        new_generator = (lambda: np.random.default_rng(4)) if fw.name == "numpy" else \
+            (lambda: fw.module.Generator().manual_seed(4))
+        kwargs = {"generator": new_generator()}
+        offs_list = fw.numpy(fw.xp.randint_from(new_generator(), sx * sy, (h // sy, w // sx), like)).tolist()
+        assert len(set(offs_list)) > 1
+    merge, unmerge = bipartite_soft_matching_random2d(like, w, h, sx, sy, r, **kwargs)
+    expected = grid_expected(metric, h, w, sy, sx, offs_list, r)[0]
+    y = fw.numpy(unmerge(merge(fw.tensor(x))))
+    assert fw.numpy(merge(fw.tensor(x))).shape == (b, n - r, 5)
+    for i in range(b):
+        np.testing.assert_allclose(y[i], group_means(x[i], expected[i]), rtol=0, atol=TOL)

@@ -6,6 +6,7 @@ import torch
 
 from multiset import assert_same_rows
 from shapes import CASES
+import tomesd  # noqa: F401  (registers tome_core's torch and paddle backends)
 from tome_core import DEFAULT_SEED, bipartite_soft_matching_random2d
 
 from ppdiffusers.patches.tomesd_patch_utils import bipartite_soft_matching_random2d as pp_ref

@@ -131,8 +131,9 @@ class PaddleBackend:
         return paddle.argsort(x, axis=axis, descending=descending, stable=True)
 
     def max_with_indices(self, x: paddle.Tensor, axis: int) -> Tuple[paddle.Tensor, paddle.Tensor]:
-        values, indices = paddle.topk(x, k=1, axis=axis)
-        return values.squeeze(axis), indices.squeeze(axis)
+        # argmax gives the first of equal maxima, as torch's max does (an exact score tie goes to the first
+        # dst on both); topk(k=1), which ppdiffusers uses, gives another one.
+        return paddle.max(x, axis=axis), paddle.argmax(x, axis=axis)
 
     def matmul_transposed(self, a: paddle.Tensor, b: paddle.Tensor) -> paddle.Tensor:
         return paddle.matmul(a, b, transpose_y=True)
