@@ -11,7 +11,7 @@ import torch
 import tiny_torch as T
 import tomesd
 from tomesd.adapters import ppdiffusers as pp_adapter
-from tomesd.adapters.hooks import PATCH_ATTR
+from tomesd.adapters.runtime import PATCH_ATTR
 
 
 @pytest.fixture(scope="module")

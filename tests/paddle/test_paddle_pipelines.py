@@ -6,7 +6,7 @@ import pytest
 import tiny_paddle as P
 import tiny_torch as T
 import tomesd
-from tomesd.adapters.hooks import PATCH_ATTR
+from tomesd.adapters.runtime import PATCH_ATTR
 
 
 @pytest.mark.parametrize("num_controlnets", [1, 2], ids=["controlnet", "multi-controlnet"])

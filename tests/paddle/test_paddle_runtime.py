@@ -12,7 +12,7 @@ import pytest
 import tiny_paddle as P
 import tome_core
 import tomesd
-from tomesd.adapters.hooks import PATCH_ATTR
+from tomesd.adapters.runtime import PATCH_ATTR
 
 TOL = 1e-5  # gradients: fp32 round-off of a recomputed forward (reentrant recompute)
 

@@ -18,7 +18,7 @@ import torch
 
 import tiny_torch as T
 import tomesd
-from tomesd.adapters.hooks import PATCH_ATTR
+from tomesd.adapters.runtime import PATCH_ATTR
 
 TOL = 1e-5
 EFFECT = 0.05  # the least change ToMe must make to an output for a check to count as "still merging"

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import tiny_torch as T
 import tomesd
 from threads import Overlap, run_in_threads
-from tomesd.adapters import hooks
+from tomesd.adapters.runtime import PATCH_ATTR
 
 TOL = 1e-5
 
@@ -204,7 +204,7 @@ def test_arguments_a_mode_cannot_use_are_refused_and_leave_the_model_alone(sd1_u
     base = forward(sd1_unet, inputs)
     with pytest.raises(ValueError, match=rf"^{name}\b"):  # opens with the name of what was wrong
         tomesd.apply_patch(sd1_unet, **kwargs)
-    assert not hasattr(sd1_unet, hooks.PATCH_ATTR)
+    assert not hasattr(sd1_unet, PATCH_ATTR)
     assert torch.equal(forward(sd1_unet, inputs), base)
 
 
@@ -402,8 +402,8 @@ def test_deepcopy_of_a_patched_model_runs_alike_and_apart(kwargs):
     twin = copy.deepcopy(unet)
     assert [torch.equal(a, b) for a, b in zip(loop(twin, 3), first)] == [True] * len(first)
     tomesd.remove_patch(twin)
-    assert not hasattr(twin, hooks.PATCH_ATTR)
-    assert hasattr(unet, hooks.PATCH_ATTR)
+    assert not hasattr(twin, PATCH_ATTR)
+    assert hasattr(unet, PATCH_ATTR)
 
 
 def test_a_copy_made_mid_loop_keeps_no_matches_and_leaves_the_original_alone():
@@ -433,7 +433,7 @@ def test_reuse_steps_refuses_a_compiled_graph_clearly(sd1_unet):
     compiled = torch.compile(sd1_unet, backend="eager")
     with pytest.raises(ValueError, match="reuse_steps"):  # at apply time when already compiled
         tomesd.apply_patch(compiled, ratio=0.5, reuse_steps=2)
-    assert not hasattr(sd1_unet, hooks.PATCH_ATTR)
+    assert not hasattr(sd1_unet, PATCH_ATTR)
     tomesd.apply_patch(sd1_unet, ratio=0.5, reuse_steps=2)
     try:
         compiled = torch.compile(sd1_unet, backend="eager", fullgraph=True)
@@ -449,7 +449,7 @@ def test_downsample_refuses_fused_qkv_projections_clearly():
     unet.fuse_qkv_projections()
     with pytest.raises(ValueError, match="unfuse_qkv_projections"):  # at apply time
         tomesd.apply_patch(unet, mode="downsample")
-    assert not hasattr(unet, hooks.PATCH_ATTR)
+    assert not hasattr(unet, PATCH_ATTR)
     unet.unfuse_qkv_projections()
     tomesd.apply_patch(unet, mode="downsample")
     unet.fuse_qkv_projections()  # fused after apply: refused by name, not an AttributeError deep inside
@@ -467,7 +467,7 @@ def test_downsample_refuses_a_self_attention_without_a_context_argument():
     attn.forward = lambda *args, **kwargs: plain_forward(*args, **kwargs)  # a wrapper hiding the signature
     with pytest.raises(ValueError, match="context argument"):
         tomesd.apply_patch(unet, mode="downsample")
-    assert not hasattr(unet, hooks.PATCH_ATTR)
+    assert not hasattr(unet, PATCH_ATTR)
 
 
 @pytest.mark.parametrize("name", ["sdxl", "controlnet"])

@@ -7,7 +7,7 @@ import tiny_torch as T
 import tomesd
 from references import load_tomesd_ref
 from threads import concurrent_calls
-from tomesd.adapters.hooks import PATCH_ATTR
+from tomesd.adapters.runtime import PATCH_ATTR
 
 ref = load_tomesd_ref()
 TOL = 1e-4
@@ -347,21 +347,21 @@ def test_newer_block_variant_equals_its_own_math_with_merge_placed_by_hand():
 @pytest.mark.parametrize("bad_call", ["not-a-latent", "no-latent"])
 def test_a_rejected_call_leaves_an_enclosing_call_intact(sd1_unet, bad_call):
     """A root called with a non-latent or without its latent is refused; an enclosing call's state survives."""
-    from tomesd.adapters.hooks import _Call
+    from tomesd.adapters.calls import CallState
 
     tomesd.apply_patch(sd1_unet, use_rand=False)
     try:
         patch = getattr(sd1_unet, PATCH_ATTR)
-        outer = _Call()
-        patch._threads.stack.append(outer)
+        outer = CallState()
+        patch.calls.current().append(outer)
         with pytest.raises((ValueError, TypeError), match=r"latent \[B, C, H, W\]|no 'sample' input"):
             with torch.no_grad():
                 if bad_call == "not-a-latent":
                     sd1_unet(torch.randn(2, 4, 16), torch.tensor(1), torch.randn(2, 7, 32))
                 else:
                     sd1_unet(timestep=torch.tensor(1), encoder_hidden_states=torch.randn(2, 7, 32))
-        assert patch._threads.stack == [outer]
-        patch._threads.stack.clear()
+        assert patch.calls.current() == [outer]
+        patch.calls.current().clear()
     finally:
         tomesd.remove_patch(sd1_unet)
 

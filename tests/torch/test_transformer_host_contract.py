@@ -7,7 +7,7 @@ import torch
 
 import tiny_torch as T
 import tomesd
-from tomesd.adapters import hooks
+from tomesd.adapters.runtime import PATCH_ATTR
 
 KINDS = ("sd3", "sd35")
 MODES = {"merge": dict(ratio=0.5), "downsample": dict(mode="downsample")}
@@ -297,7 +297,7 @@ def test_merge_mode_refuses_a_cache_of_layer_outputs_inside_its_blocks(kind, cac
     getattr(dh, apply_name)(model, config())
     with pytest.raises(ValueError, match="mode='merge' cannot run with diffusers'"):
         tomesd.apply_patch(model, ratio=0.5)
-    assert not any(hooks.PATCH_ATTR in m.__dict__ for m in model.modules())  # refused before any change
+    assert not any(PATCH_ATTR in m.__dict__ for m in model.modules())  # refused before any change
     model = T.transformer("sd3") if kind == "sd3" else T.flux()
     tomesd.apply_patch(model, ratio=0.5)
     getattr(dh, apply_name)(model, config())

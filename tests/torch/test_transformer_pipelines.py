@@ -6,7 +6,8 @@ import torch
 
 import tiny_torch as T
 import tomesd
-from tomesd.adapters import hooks  # the block kinds' names and the patch's attribute, read only
+from tomesd.adapters.kinds import KNOWN_BLOCKS
+from tomesd.adapters.runtime import PATCH_ATTR
 
 PIPELINES = {
     "flux": (lambda: T.flux_pipeline(), T.run_flux_pipeline),
@@ -20,7 +21,7 @@ def query_probe(model):
     """Query tokens of every self-attention of `model`'s blocks (Flux's attn, PixArt's attn1)."""
     seen, handles = [], []
     for block in model.modules():
-        if type(block).__name__ in hooks.KNOWN_BLOCKS.split(", "):
+        if type(block).__name__ in KNOWN_BLOCKS.split(", "):
             attn = getattr(block, "attn1", None) or block.attn
             handles.append(attn.to_q.register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[1])))
     return seen, handles
@@ -37,7 +38,7 @@ def test_a_pipeline_patches_its_denoisers_and_nothing_else(name):
         h.remove()
     tomesd.apply_patch(pipe, ratio=0.5)
     patched = [n for n, c in pipe.components.items()
-               if isinstance(c, torch.nn.Module) and any(hooks.PATCH_ATTR in m.__dict__ for m in c.modules())]
+               if isinstance(c, torch.nn.Module) and any(PATCH_ATTR in m.__dict__ for m in c.modules())]
     seen, handles = query_probe(pipe.transformer)
     cn_seen, cn_handles = query_probe(pipe.controlnet) if "controlnet" in denoisers else ([], [])
     merged = run(pipe)

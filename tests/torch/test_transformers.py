@@ -16,7 +16,7 @@ from probes import (
 )
 from threads import concurrent_calls
 from tome_core import bipartite_soft_matching_random2d
-from tomesd.adapters import hooks
+from tomesd.adapters.runtime import PATCH_ATTR
 
 TOL = 1e-5
 KINDS = ("sd3", "sd35", "pixart", "dit")
@@ -196,7 +196,7 @@ def test_arguments_transformers_cannot_use_are_refused_before_any_change(models,
         model.set_attn_processor(PAGJointAttnProcessor2_0())
     with pytest.raises(ValueError, match=rf"^{name}\b" if name != "PAG" else name):
         tomesd.apply_patch(model, **kwargs)
-    assert not any(hooks.PATCH_ATTR in m.__dict__ for m in model.modules())
+    assert not any(PATCH_ATTR in m.__dict__ for m in model.modules())
     assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
 
 
@@ -320,7 +320,7 @@ def test_sd3_pipeline_patches_its_transformer_and_nothing_else(tmp_path):
     seen, handles = token_probe(pipe.transformer)
     tomesd.apply_patch(pipe, ratio=0.5)
     patched_models = [name for name, c in pipe.components.items()
-                      if isinstance(c, torch.nn.Module) and any(hooks.PATCH_ATTR in m.__dict__ for m in c.modules())]
+                      if isinstance(c, torch.nn.Module) and any(PATCH_ATTR in m.__dict__ for m in c.modules())]
     merged = T.run_sd3_pipeline(pipe)
     for handle in handles:
         handle.remove()
@@ -366,7 +366,7 @@ def test_blocks_count_each_models_own_blocks_when_a_controlnet_has_fewer(tmp_pat
     try:
         _, seen = probe(pipe.transformer, dict(T.transformer_inputs("sd3"), encoder_hidden_states=torch.randn(2, 5, 64),
                                                pooled_projections=torch.randn(2, 64)))
-        assert hasattr(pipe.controlnet, hooks.PATCH_ATTR)  # patched, with no block index 2 to reduce
+        assert hasattr(pipe.controlnet, PATCH_ATTR)  # patched, with no block index 2 to reduce
     finally:
         tomesd.remove_patch(pipe)
     assert seen["q"] == [64, 64, 32]

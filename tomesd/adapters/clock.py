@@ -20,6 +20,8 @@ from __future__ import annotations
 import inspect
 from typing import Any, Dict
 
+from .reuse import MatchCache
+
 _WRAPPED = ("set_timesteps", "step")
 
 
@@ -46,7 +48,7 @@ class StepClock:
         self.count = 0  # steps done in this run
         self.total = 0  # steps in this run (the scheduler's timesteps after set_timesteps)
         self.ratio = None if self.schedule is None else self.schedule.ratio_at(0.0)
-        self.kept: Dict[Any, Any] = {}  # (denoiser slot, block or level) -> ((batch, h, w), TokenMerge)
+        self.kept = MatchCache()  # keyed (denoiser slot, block or level)
 
     # ---- the scheduler's loop methods ----
     def _set_timesteps(self, *args: Any, **kwargs: Any) -> Any:

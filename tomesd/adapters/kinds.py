@@ -2,7 +2,8 @@
 
 A new block kind is one entry of BLOCK_KINDS: which of its sub-layers see the image tokens (and so
 merge around them), where their image output sits, and how its self-attention can take downsampled
-keys and values. The hooks (hooks.py) read these entries and nothing else about the host's classes.
+keys and values. The runtime (runtime.py, sites.py) reads these entries and nothing else about the host's
+block classes; what it knows of root models is in roots.py.
 """
 from __future__ import annotations
 
@@ -162,66 +163,15 @@ def block_kind(module: Any) -> Optional[BlockKind]:
     return None
 
 
+KNOWN_BLOCKS = ", ".join(BLOCK_KINDS)
+
+
 # Modules whose transformer blocks attend over frames, not over a frame's grid: AnimateDiff's motion
 # modules, the temporal attentions of UNet3DConditionModel and I2VGenXLUNet (and their `transformer_in`).
 # Their blocks are BasicTransformerBlocks like the spatial ones, so they are told apart by where they sit,
 # never by class; ToMe leaves them untouched. (SVD's temporal blocks are a class of their own.)
 TEMPORAL_CONTAINERS = ("TransformerTemporalModel", "AnimateDiffTransformer3D")
 
-# Video UNets: the latent is 5-D ([B, C, F, H, W], or [B, F, C, H, W] for SVD), H and W last, and the
-# spatial blocks see one frame per batch row, so tomesd's level rule merges within each frame.
-VIDEO_ROOTS = ("UNetMotionModel", "UNet3DConditionModel", "UNetSpatioTemporalConditionModel", "I2VGenXLUNet")
-
 
 def in_temporal_container(module: Any) -> bool:
     return any(name in TEMPORAL_CONTAINERS for name in class_names(module))
-
-
-def is_video_root(root: Any) -> bool:
-    return any(name in VIDEO_ROOTS for name in class_names(root))
-
-
-def patch_size(root: Any) -> Optional[int]:
-    """The patch size of a diffusion transformer (its token grid is the latent's over it), or None for
-    a UNet, whose blocks sit at several levels of the latent."""
-    if not any(name.endswith(_PATCH_ROOTS) for name in class_names(root)):
-        return None
-    config = getattr(root, "config", None)
-    size = config.get("patch_size") if hasattr(config, "get") else getattr(config, "patch_size", None)
-    if size is None:
-        size = getattr(root, "patch_size", None)
-    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
-
-
-def spacetime_patch(root: Any) -> Optional[Tuple[int, Tuple[int, int, int]]]:
-    """(frame axis of the latent, (time, height, width) patch size) of a video transformer whose blocks see
-    every frame's tokens in one sequence, frames outermost, then rows, then columns; or None."""
-    axis = next((_SPACETIME_ROOTS[name] for name in class_names(root) if name in _SPACETIME_ROOTS), None)
-    if axis is None:
-        return None
-    config = getattr(root, "config", None)
-    read = (lambda key: config.get(key)) if hasattr(config, "get") else (lambda key: getattr(config, key, None))
-    size = read("patch_size")
-    if isinstance(size, int):  # CogVideoX: a square spatial patch, and patch_size_t frames (1.5) or one (1.0)
-        size = (read("patch_size_t") or 1, size, size)
-    if isinstance(size, (tuple, list)) and len(size) == 3 and all(isinstance(p, int) and p > 0 for p in size):
-        return axis, tuple(size)
-    return None
-
-
-# Video transformers and the axis of frames in their latent: Wan [B, C, F, H, W] (patch (1, 2, 2)),
-# CogVideoX [B, F, C, H, W] (patch 2 per side; 1.5: 2 frames).
-_SPACETIME_ROOTS = {"WanTransformer3DModel": 2, "CogVideoXTransformer3DModel": 1}
-
-
-def ids_input(root: Any) -> Optional[str]:
-    """The input of a denoiser that gives each image token's grid coordinates (Flux's packed latent
-    has no spatial axes: its `img_ids` rows are (0, row, col)), or None."""
-    return "img_ids" if any(name.endswith(_IDS_ROOTS) for name in class_names(root)) else None
-
-
-_IDS_ROOTS = ("FluxTransformer2DModel", "FluxControlNetModel")
-
-# Denoisers that patchify their latent once: SD3Transformer2DModel, PixArtTransformer2DModel,
-# DiTTransformer2DModel, ppdiffusers' Transformer2DModel (PixArt, DiT), SD3ControlNetModel.
-_PATCH_ROOTS = ("Transformer2DModel", "SD3ControlNetModel")

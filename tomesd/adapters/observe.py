@@ -121,6 +121,21 @@ class CallWatch:
             found.append(block)
         return found
 
+    def note(self, index: int, kind: str, computed: int = 0, reused: int = 0) -> None:
+        """A matching computed for block `index`, or taken from a cache or another block."""
+        for block in self.blocks(index, kind):
+            block.computed += computed
+            block.reused += reused
+
+    def used(self, index: int, kind: str, merge: Any) -> None:
+        for block in self.blocks(index, kind):
+            block.merge = merge
+
+    def site(self, index: int, kind: str, site: str, tokens_in: int, tokens_out: int) -> None:
+        site = site[len("merge_"):] if site.startswith("merge_") else site  # "merge_attn" -> "attn"
+        for block in self.blocks(index, kind):
+            block.sites.setdefault(site, []).append((tokens_in, tokens_out))
+
     def start(self) -> Optional[float]:
         """The clock as a piece of ToMe's work starts, or None when no observation times it."""
         timing = [o for o in self.observations if o.timing]

@@ -9,27 +9,15 @@ from typing import Any, List, Tuple
 
 from .clock import StepClock, clockable
 from .frameworks import class_names, framework_of, module_ops
-from .hooks import KNOWN_BLOCKS, PATCH_ATTR, ToMePatch, transformer_blocks
+from .kinds import KNOWN_BLOCKS
+from .roots import SUPPORTED, refusal
+from .runtime import PATCH_ATTR, ToMePatch, transformer_blocks
 
 # Pipeline components that are never denoisers (prefixes: text_encoder_2, vae_decoder, ...).
 _NOT_DENOISERS = (
     "vae", "vqvae", "text_encoder", "tokenizer", "image_encoder", "safety_checker",
     "feature_extractor", "scheduler", "image_processor",
 )
-
-# Denoisers whose input is not an image (or video) latent: their blocks hold tokens of embeddings, which
-# ToMe's grid does not describe.
-_UNSUPPORTED_ROOTS = {
-    "PriorTransformer": "a prior over embeddings, not over an image latent",
-}
-
-_SUPPORTED = (
-    "a diffusers/ppdiffusers pipeline, a UNet2DConditionModel or ControlNetModel, a video UNet (AnimateDiff's "
-    "UNetMotionModel, UNet3DConditionModel, SVD's UNetSpatioTemporalConditionModel, I2VGenXLUNet), an SD3 / SD3.5, PixArt or "
-    "DiT transformer (torch or paddle), a Flux transformer or ControlNet (torch), the Wan video transformer "
-    "(torch), or an LDM / Stable Diffusion model with .model.diffusion_model"
-)
-
 
 def _expand(component: Any) -> List[Any]:
     """The models a pipeline component stands for: lists and Multi-ControlNets open up."""
@@ -74,7 +62,7 @@ def candidate_models(obj: Any) -> List[Any]:
             for model in _expand(component)
         ]
     if framework_of(obj) is None:
-        raise TypeError(f"ToMe cannot patch a {type(obj).__name__}: expected {_SUPPORTED}")
+        raise TypeError(f"ToMe cannot patch a {type(obj).__name__}: expected {SUPPORTED}")
     ldm_unet = getattr(getattr(obj, "model", None), "diffusion_model", None)
     if ldm_unet is not None:
         control = getattr(obj, "control_model", None)  # ControlLDM
@@ -82,17 +70,16 @@ def candidate_models(obj: Any) -> List[Any]:
     return _expand(obj)
 
 
-def plan_patches(obj: Any, args: Any) -> List[ToMePatch]:
+def build_patches(obj: Any, args: Any) -> List[ToMePatch]:
     """One (not yet installed) patch per denoiser of `obj`; raises before anything is changed."""
     models = candidate_models(obj)
     frameworks = {framework_of(model) for model in models}
     if len(frameworks) > 1:
         raise TypeError(f"{type(obj).__name__} mixes torch and paddle models; patch them one at a time")
     for model in models:
-        unsupported = _UNSUPPORTED_ROOTS.keys() & class_names(model)
-        if unsupported:
-            name = unsupported.pop()
-            raise TypeError(f"ToMe cannot patch {name}: it is {_UNSUPPORTED_ROOTS[name]}; expected {_SUPPORTED}")
+        refused = refusal(model)
+        if refused:
+            raise TypeError(refused)
     for model in models:
         if getattr(model, "inference_optimize", False) is True:  # ppdiffusers' INFERENCE_OPTIMIZE=True build
             raise ValueError(
@@ -101,9 +88,9 @@ def plan_patches(obj: Any, args: Any) -> List[ToMePatch]:
             )
     patches = []
     for model in models:
-        ops = module_ops(framework_of(model))
-        if transformer_blocks(ops, model):
-            patches.append(ToMePatch(model, args, ops))
+        host = module_ops(framework_of(model))
+        if transformer_blocks(host, model):
+            patches.append(ToMePatch(model, args, host, host))
     if not patches:
         raise ValueError(
             f"found no transformer block ToMe knows ({KNOWN_BLOCKS}) in {type(obj).__name__}: nothing for ToMe to merge"
@@ -126,8 +113,8 @@ def installed_patches(obj: Any) -> List[ToMePatch]:
     """Every patch installed anywhere inside `obj`."""
     found = []
     for model in candidate_models(obj):
-        ops = module_ops(framework_of(model))
-        for _, module in ops.named_modules(model):
+        host = module_ops(framework_of(model))
+        for _, module in host.named_modules(model):
             patch = module.__dict__.get(PATCH_ATTR)
             if patch is not None and patch not in found:
                 found.append(patch)
@@ -136,7 +123,7 @@ def installed_patches(obj: Any) -> List[ToMePatch]:
 
 def apply(obj: Any, args: Any) -> Tuple[Any, List[Any]]:
     """Patch every denoiser of `obj` (replacing an earlier patch); returns (obj, patched models)."""
-    patches = plan_patches(obj, args)
+    patches = build_patches(obj, args)
     # A pipeline counts its denoising steps on the host; a bare model only by its timestep's value.
     scheduled = args.ratio_schedule is not None
     clocked = (args.steps_reused > 1 or scheduled) and "DiffusionPipeline" in class_names(obj) and clockable(obj)

@@ -11,7 +11,7 @@ def token_counter(model: Any, backend: str) -> Iterator[List[Tuple[str, int]]]:
     at attn1.to_k, which runs inside the attention, so after any merge (ours, tomesd's or
     ppdiffusers') or downsampling of the keys."""
     from ..adapters.frameworks import module_ops
-    from ..adapters.hooks import transformer_blocks
+    from ..adapters.runtime import transformer_blocks
     from ..adapters.kinds import block_kind
 
     ops = module_ops(backend)

@@ -1,0 +1,84 @@
+"""What one call of a patched denoiser computes, and where it lives while the call runs.
+
+One owner per state: a call's state is one entry of a call stack, per thread in eager mode (concurrent
+calls at different resolutions never meet), and in a plain list while a graph compiler traces
+(thread-locals break graphs; a compiled graph holds no Python state). It is dropped when the call returns.
+Checkpointing replays a block after its call ended: with gradients on, each block's latest merge is kept
+(`Replay`) so the recompute merges exactly as the forward did.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Dict, List, Optional, Tuple
+
+# What a block merges (or downsamples) with in a call: a TokenMerge, {site flag: TokenMerge} (per-site
+# ratios), a KVDownsample, or None.
+BlockMerge = Any
+
+
+class CallState:
+    """What one call of a root computes; dropped when the call returns."""
+
+    __slots__ = ("grid", "coords", "ids", "timestep", "key", "draws", "finest_level", "merges", "pending",
+                 "shared", "step", "ratio", "watch")
+
+    def __init__(self) -> None:
+        # The layout's reading of this call's token grid, from shapes only (layouts.py): the latent's
+        # (h, w) on a UNet, the patch grid (h, w) of a diffusion transformer, (frames, rows, cols) of a
+        # video transformer, Flux's (ids, N).
+        self.grid: Any = None
+        # Per-token grid coordinates on the device, made by the call's first block from `grid` (Flux, Wan,
+        # CogVideoX): (rows, cols) or (frames, rows, cols).
+        self.coords: Optional[Tuple[Any, ...]] = None
+        self.ids: Any = None  # Flux: the ids tensor itself, which tells grids of one token count apart
+        self.timestep: Any = None
+        self.key: Any = None  # computed at the call's first random draw, inside the forward
+        self.draws: Dict[int, Any] = {}  # cells per block -> [blocks, cells] dst places
+        self.finest_level: Optional[int] = None  # UNets: level of the call's first attention block
+        self.merges: Dict[int, BlockMerge] = {}
+        self.pending: Dict[int, Tuple[Any, Any, bool]] = {}  # block -> (block, its input, grad mode), until used
+        self.shared: Dict[Any, Any] = {}  # per-level results every block of the call may use
+        self.step: int = 0  # denoising step number (reuse_steps > 1 on a bare model), from the timestep's value
+        self.ratio: Optional[float] = None  # this step's ratio under a ratio_schedule (from the pipeline's clock)
+        self.watch: Any = None  # observe.CallWatch: the observations of this call (tomesd.observe), eager only
+
+
+class _ThreadCalls(threading.local):
+    def __init__(self) -> None:
+        self.stack: List[CallState] = []
+
+
+class CallStacks:
+    """The stack of calls in flight: one per thread in eager mode, one plain list while a graph is traced."""
+
+    def __init__(self, host: Any) -> None:
+        self.host = host
+        self._threads = _ThreadCalls()
+        self._traced: List[CallState] = []
+
+    def current(self) -> List[CallState]:
+        return self._traced if self.host.is_compiling() else self._threads.stack
+
+    def top(self) -> Optional[CallState]:
+        stack = self.current()
+        return stack[-1] if stack else None
+
+
+class Replay:
+    """Each block's latest merge while gradients are on, for a checkpointed block recomputed in backward
+    after its root's call ended."""
+
+    def __init__(self) -> None:
+        self.merges: Dict[int, BlockMerge] = {}
+
+    def keep(self, index: int, merge: BlockMerge) -> None:
+        self.merges[index] = merge
+
+    def get(self, index: int) -> BlockMerge:
+        return self.merges.get(index)
+
+    def clear(self) -> None:
+        self.merges.clear()
+
+    def __bool__(self) -> bool:
+        return bool(self.merges)

@@ -1,0 +1,128 @@
+"""What cannot run correctly, refused in the user's terms: at apply time (`validate`, before anything is
+changed) and at the first call that reveals it (a processor, cache or wrapper swapped in after the patch).
+Every refusal names an option that works on that model."""
+from __future__ import annotations
+
+from typing import Any
+
+from .signatures import CONTEXT, TIMESTEP, InputSpec
+
+KV_PROJECTIONS = ("to_k", "to_v")
+
+CHUNKED_FF = (
+    "merge_mlp=True cannot be combined with chunked feed-forward (enable_forward_chunking): the "
+    "feed-forward would merge each chunk on its own. Disable chunking or use merge_mlp=False."
+)
+
+FUSED_QKV = (
+    "mode='downsample' cannot run on fused QKV projections (fuse_qkv_projections): the fused self-attention "
+    "computes keys and values from its queries' input. Call unfuse_qkv_projections() first."
+)
+
+MASKED_SELF_ATTENTION = (
+    "ToMe cannot merge self-attention that is given an attention_mask (the mask addresses "
+    "unmerged tokens); call apply_patch with merge_attn=False"
+)
+
+MASKED_DOWNSAMPLE = (
+    "mode='downsample' cannot shrink self-attention's keys when it is given an attention_mask "
+    "(the mask addresses every token)"
+)
+
+
+def refuse_step_cache_inside(module: Any) -> None:
+    """Merge mode cannot run under a diffusers hook that keeps a sub-layer's outputs across calls
+    (TaylorSeer, FasterCache, ...): inside a merging block those outputs are merged tokens, ordered by each
+    step's own matching, so extrapolating or reusing them across steps mixes unrelated tokens (the SD3
+    yardstick measured ToMe r=0.5 with TaylorSeer at 13 dB from the baseline, each alone at 23 and 26 dB).
+    Caches of whole blocks (First Block Cache) keep unmerged outputs and stack."""
+    registry = getattr(module, "_diffusers_hook", None)
+    for name, hook in (getattr(registry, "hooks", None) or {}).items():
+        if getattr(hook, "_is_stateful", False):
+            raise ValueError(
+                f"mode='merge' cannot run with diffusers' {name!r} hook on {type(module).__name__} inside a "
+                f"merging block: the cache keeps that layer's outputs across steps, and there they are merged "
+                f"tokens in each step's own order. Use mode='downsample' (every query token stays), or a cache "
+                f"of whole blocks (First Block Cache)"
+            )
+
+
+def fused(attn: Any) -> bool:
+    """diffusers' fused processors run self-attention through one to_qkv (there is no to_kv), so it
+    cannot take other keys; unfusing swaps the processor back and keeps the fused weights around."""
+    fused_processor = "Fused" in type(getattr(attn, "processor", None)).__name__
+    return fused_processor and getattr(attn, "to_kv", None) is None
+
+
+def check_projections(attn: Any) -> None:
+    """Downsampling at to_k / to_v needs a processor that projects the image through them once per call:
+    a fused processor runs to_qkv instead (nothing would shrink), a PAG processor splits the batch and
+    runs a second attention whose mask addresses every token."""
+    if fused(attn):
+        raise ValueError(FUSED_QKV)
+    processor = type(getattr(attn, "processor", None)).__name__
+    if "PAG" in processor:
+        raise ValueError(
+            f"mode='downsample' cannot run under {processor} (perturbed-attention guidance splits the batch and "
+            f"masks every token); use mode='merge' or a plain processor"
+        )
+
+
+def validate(patch: Any) -> None:
+    """Raise, before anything is changed, for a block whose merge could not be computed right."""
+    args, root, name = patch.args, patch.root, type(patch.root).__name__
+    layout = patch.layout
+    if args.steps_reused > 1 and patch.timestep_spec is None:
+        raise ValueError(
+            f"reuse_steps needs the timestep input to tell denoising steps apart, and "
+            f"{name}.forward takes none of {TIMESTEP}"
+        )
+    layout.validate(patch)
+    if layout.one_grid and args.max_downsample is not None:
+        raise ValueError(
+            f"max_downsample has no meaning on {name}: a diffusion transformer's blocks all see one "
+            f"token grid. Choose blocks by index with blocks=[...] instead"
+        )
+    if args.mode == "merge" and args.st != 1 and not layout.frames_in_sequence:
+        raise ValueError(
+            f"st (the dst stride along time) has no meaning on {name}: its blocks see one frame's tokens. It is "
+            f"for video transformers (Wan, CogVideoX), whose blocks see every frame in one sequence"
+        )
+    if not layout.one_grid and args.blocks is not None:
+        raise ValueError(
+            f"blocks chooses blocks of a diffusion transformer by index; {name} is a UNet, whose blocks "
+            f"are chosen by max_downsample"
+        )
+    if args.mode == "downsample":
+        _validate_downsample(patch)
+        return
+    for block in patch.blocks:
+        if args.merge_mlp and getattr(block, "_chunk_size", None) is not None:
+            raise ValueError(CHUNKED_FF)
+        for _, sub in patch.host.named_modules(block):
+            if sub is not block:
+                refuse_step_cache_inside(sub)
+
+
+def _validate_downsample(patch: Any) -> None:
+    for block, kind in zip(patch.blocks, patch.kinds):
+        if kind.no_downsample:
+            raise ValueError(f"mode='downsample' cannot run on {type(block).__name__}: {kind.no_downsample}")
+        for way in kind.downsample:
+            attn = getattr(block, way.attention, None)
+            if attn is None:
+                continue
+            if way.via == "projections":
+                check_projections(attn)
+            elif fused(attn):
+                raise ValueError(FUSED_QKV)
+            if way.via == "context" and InputSpec.find(attn, CONTEXT, first_positional=False) is None:
+                raise ValueError(
+                    f"mode='downsample' passes keys and values to self-attention through its context "
+                    f"argument, and {type(attn).__name__}.forward takes none of {CONTEXT}"
+                )
+            if way.via == "projections" and not all(hasattr(attn, p) for p in KV_PROJECTIONS):
+                raise ValueError(
+                    f"mode='downsample' shrinks {type(block).__name__}.{way.attention}'s keys and values "
+                    f"at its {' and '.join(KV_PROJECTIONS)} projections, and it has none"
+                )

@@ -1,0 +1,189 @@
+"""Token layouts: how a call's token grid is read (from shapes only, at the root's entry), how the image
+tokens and their grid coordinates are found at the first block (on the device of its input), and which
+blocks merge with what r. One strategy per layout; root kinds (roots.py) name theirs.
+
+- "levels": a UNet. Blocks sit at several levels of the latent; tomesd's rule picks the levels (each
+  block's grid is found from its token count); each sample is matched on its own.
+- "patches": a diffusion transformer patchifying its latent once: every block sees one (h/p, w/p) grid.
+- "ids": Flux. One token list whose grid is given by `img_ids`; text may come first in a block's input;
+  one matching serves the batch (rotary rows have no batch axis).
+- "spacetime": Wan, CogVideoX. Every frame's tokens in one sequence (frames, rows, columns); dst strides
+  per axis (st, sy, sx); one matching serves the batch.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+from tome_core import block_grid, plan_block, plan_patch_block
+
+from .roots import RootKind
+from .signatures import InputSpec
+
+
+def _config(root: Any, key: str) -> Any:
+    config = getattr(root, "config", None)
+    return config.get(key) if hasattr(config, "get") else getattr(config, key, None)
+
+
+class Layout:
+    one_grid = True  # every block sees one grid (blocks are chosen by index, not by level)
+    frames_in_sequence = False  # st (a dst stride along time) applies
+    shared_matching = False  # one matching serves the batch, on grid coordinates
+    latent_dims = 4
+
+    def __init__(self, root: Any, kind: RootKind, host: Any) -> None:
+        self.host = host
+
+    def validate(self, patch: Any) -> None:
+        """Raise at apply time for a root this layout cannot read."""
+
+    def read(self, call: Any, module: Any, args: tuple, kwargs: dict, shape: Tuple[int, ...], name: str) -> None:
+        """Set `call.grid` from this call's latent (its `shape`; `name`: the latent input's name)."""
+        if len(shape) != self.latent_dims:
+            layout = "a latent [B, C, H, W]" if self.latent_dims == 4 else "a video latent (frames, then H and W last)"
+            raise ValueError(f"ToMe needs {type(module).__name__}'s '{name}' input to be {layout}, got shape {list(shape)}")
+        call.grid = self._grid(shape)
+
+    def _grid(self, shape: Tuple[int, ...]) -> Any:
+        return shape[-2], shape[-1]
+
+    def image_tokens(self, call: Any, x: Any) -> Any:
+        """The image tokens of a block's input `x` (all of them, or its last N)."""
+        return x
+
+    def plan(self, args: Any, call: Any, batch: int, num_tokens: int, index: int) -> Any:
+        return plan_patch_block(args, (num_tokens, 1), batch, num_tokens, index, call.ratio)
+
+    def reuse_shape(self, call: Any, plan: Any, batch: int) -> tuple:
+        """What a kept matching must have been computed for (besides the grid object itself)."""
+        return batch, plan.h, plan.w, None
+
+
+class Levels(Layout):
+    one_grid = False
+
+    def __init__(self, root: Any, kind: RootKind, host: Any) -> None:
+        super().__init__(root, kind, host)
+        self.latent_dims = 5 if kind.video else 4
+
+    def plan(self, args: Any, call: Any, batch: int, num_tokens: int, index: int) -> Any:
+        if call.finest_level is None:  # the call's first attention block: the finest level that has attention
+            grid = block_grid(call.grid, num_tokens)
+            call.finest_level = None if grid is None else grid[0]
+        if call.finest_level is None:
+            return None
+        return plan_block(args, call.grid, batch, num_tokens, call.finest_level, call.ratio)
+
+
+class Patches(Layout):
+    def __init__(self, root: Any, kind: RootKind, host: Any, patch_size: int) -> None:
+        super().__init__(root, kind, host)
+        self.patch_size = patch_size
+
+    def _grid(self, shape: Tuple[int, ...]) -> Any:
+        return shape[-2] // self.patch_size, shape[-1] // self.patch_size
+
+    def plan(self, args: Any, call: Any, batch: int, num_tokens: int, index: int) -> Any:
+        return plan_patch_block(args, call.grid, batch, num_tokens, index, call.ratio)
+
+
+class _Coordinates(Layout):
+    """Layouts whose grid is given per token: the image is the block input's last N tokens."""
+
+    shared_matching = True
+
+    def image_tokens(self, call: Any, x: Any) -> Any:
+        if call.coords is None:
+            call.coords = self._coords(call, x)
+        n = self.host.shape(call.coords[0])[0]
+        return x[:, self.host.shape(x)[1] - n:]
+
+    def _coords(self, call: Any, x: Any) -> Tuple[Any, ...]:
+        raise NotImplementedError
+
+
+class Ids(_Coordinates):
+    def __init__(self, root: Any, kind: RootKind, host: Any) -> None:
+        super().__init__(root, kind, host)
+        self.name = kind.ids
+        self.spec = InputSpec.find(root, (kind.ids,), False)
+
+    def validate(self, patch: Any) -> None:
+        if self.spec is None:
+            raise ValueError(f"{type(patch.root).__name__}.forward takes no {self.name!r}: ToMe reads the image "
+                             f"tokens' grid from it")
+
+    def read(self, call: Any, module: Any, args: tuple, kwargs: dict, shape: Tuple[int, ...], name: str) -> None:
+        """(ids [N, 3], N) of a packed latent's image tokens, checked by shape only: the root's pre-hook does
+        no tensor work (a graph tracer then sees one graph); the first block reads the coordinates."""
+        ids = self.spec.get(args, kwargs)
+        if len(shape) != 3 or ids is None:
+            raise ValueError(
+                f"ToMe needs {type(module).__name__}'s packed latent [B, N, C] and its {self.name} [N, 3], got "
+                f"{list(shape)} and {None if ids is None else list(self.host.shape(ids))}"
+            )
+        ids_shape = self.host.shape(ids)
+        rows = ids_shape[1] if len(ids_shape) == 3 else ids_shape[0]  # older diffusers: ids with a batch axis
+        if rows != shape[1]:
+            raise ValueError(
+                f"{self.name} has {rows} rows for {shape[1]} latent tokens: ToMe merges the "
+                f"latent's own tokens only (reference-image tokens, as in Flux Kontext, are not supported)"
+            )
+        call.grid, call.ids = ids, ids
+
+    def _coords(self, call: Any, x: Any) -> Tuple[Any, ...]:
+        ids = call.grid
+        ids = ids[0] if len(self.host.shape(ids)) == 3 else ids  # rows (_, row, col), on the device
+        return self.host.to_int64(ids[:, 1]), self.host.to_int64(ids[:, 2])
+
+
+class SpaceTime(_Coordinates):
+    frames_in_sequence = True
+    latent_dims = 5
+
+    def __init__(self, root: Any, kind: RootKind, host: Any, frame_axis: int, patch_size: Tuple[int, int, int]) -> None:
+        super().__init__(root, kind, host)
+        self.frame_axis, self.patch_size = frame_axis, patch_size
+
+    def _grid(self, shape: Tuple[int, ...]) -> Any:
+        pt, ph, pw = self.patch_size
+        return shape[self.frame_axis] // pt, shape[-2] // ph, shape[-1] // pw
+
+    def _coords(self, call: Any, x: Any) -> Tuple[Any, ...]:
+        f, h, w = call.grid  # each token's (frame, row, col), on the device
+        token = self.host.arange(f * h * w, x)
+        return token // (h * w), (token // w) % h, token % w
+
+    def reuse_shape(self, call: Any, plan: Any, batch: int) -> tuple:
+        return batch, plan.h, plan.w, call.grid  # two grids of one token count are told apart
+
+
+def _patch_size(root: Any) -> Optional[int]:
+    size = _config(root, "patch_size")
+    if size is None:
+        size = getattr(root, "patch_size", None)
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+
+
+def _spacetime_patch(root: Any) -> Optional[Tuple[int, int, int]]:
+    size = _config(root, "patch_size")
+    if isinstance(size, int):  # CogVideoX: a square spatial patch, and patch_size_t frames (1.5) or one (1.0)
+        size = (_config(root, "patch_size_t") or 1, size, size)
+    if isinstance(size, (tuple, list)) and len(size) == 3 and all(isinstance(p, int) and p > 0 for p in size):
+        return tuple(size)
+    return None
+
+
+def layout_of(root: Any, kind: RootKind, host: Any) -> Layout:
+    """The layout of `root`; a transformer whose patch size cannot be read falls back to the level rule."""
+    if kind.layout == "ids":
+        return Ids(root, kind, host)
+    if kind.layout == "spacetime":
+        patch = _spacetime_patch(root)
+        if patch is not None:
+            return SpaceTime(root, kind, host, kind.frame_axis, patch)
+    if kind.layout == "patches":
+        patch = _patch_size(root)
+        if patch is not None:
+            return Patches(root, kind, host, patch)
+    return Levels(root, kind, host)

@@ -1,0 +1,148 @@
+"""Each block's matching in a call: planned by the layout, computed by tome_core, kept across steps by the
+match cache (reuse.py) or shared across a level's blocks, with its random dst pattern.
+
+No host reads: the random pattern is keyed by (seed, timestep tensor, block index) with device ops, so a
+call never syncs and a graph compiler traces it whole. A bare model's reuse_steps reads its timestep on the
+host (eager only, refused under a compiler); a pipeline's clock counts steps instead.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Optional
+
+from tome_core import compute_downsample, compute_merge, compute_merges, compute_shared_merge, \
+    compute_shared_merges, num_cells, rng
+
+from .calls import BlockMerge, CallState
+from .guards import CHUNKED_FF
+from .reuse import TimestepSteps
+
+
+class Matcher:
+    """The matchings of one patch. `patch` gives: args, xp and host, layout, blocks, clock and slot."""
+
+    def __init__(self, patch: Any) -> None:
+        self.patch = patch
+        args = patch.args
+        # Plain values for the per-call path: paddle's SOT translator cannot simulate ToMeArgs' properties
+        # inside a to_static'd forward (it crashed on steps_reused, and raised on rand_seed once a graph
+        # break left `_offsets` to a resume function).
+        self.steps_reused, self.reuses, self.seed = args.steps_reused, args.reuses, args.rand_seed
+        self.steps = TimestepSteps()  # a bare model's steps and kept matchings (reuse_steps > 1)
+
+    def reset(self) -> None:
+        self.steps = TimestepSteps()  # drops this patch's kept matchings in every thread
+
+    def denoising_step(self, timestep: Any) -> int:
+        """This thread's denoising step number on a bare model: it advances when the timestep's value changes."""
+        host = self.patch.host
+        if host.is_compiling():
+            raise RuntimeError(
+                "reuse_steps > 1 cannot run inside a compiled graph: telling a new denoising step from "
+                "the same one needs the timestep's value on the host. Compile with reuse_steps=1 or "
+                "mode='downsample', or run this patch eagerly."
+            )
+        if timestep is None:
+            raise ValueError("reuse_steps needs the timestep of each call, and this call passed None")
+        value = host.host_float(timestep)
+        return self.steps.advance(value, rng.timestep_key(self.patch.xp, value))
+
+    def block_merge(self, index: int, block: Any, x: Any, call: CallState, grad: bool) -> BlockMerge:
+        """Block `index`'s merge (or downsampling) from its image tokens `x`, or None where it does not reduce."""
+        patch, args = self.patch, self.patch.args
+        batch, num_tokens = patch.xp.shape(x)[:2]
+        plan = patch.layout.plan(args, call, batch, num_tokens, index)
+        if plan is None:
+            return None
+        if args.mode == "downsample":
+            key = ("downsample", batch, plan.h, plan.w)
+            if key not in call.shared:  # the same index map for every block of the level
+                call.shared[key] = compute_downsample(
+                    patch.xp, x, batch, plan.w, plan.h, args.downsample_factor, args.downsample_method)
+                self._note(call, index, computed=1)
+            else:
+                self._note(call, index, reused=1)
+            return call.shared[key]
+        if args.merge_mlp and getattr(block, "_chunk_size", None) is not None:
+            raise ValueError(CHUNKED_FF)
+        if not self.reuses:
+            return self._match(index, x, plan, call)
+        # Reused matches: a block's own (or, with share_across_blocks, its level's first block's), kept for
+        # reuse_steps denoising steps while the batch and the grid stay the same.
+        key = ("level", plan.level) if args.share_across_blocks else index
+        if key in call.shared:
+            self._note(call, index, reused=1)
+            return call.shared[key]
+        merge = self._kept_or_matched(index, key, x, plan, call, grad)
+        call.shared[key] = merge
+        return merge
+
+    def _kept_or_matched(self, index: int, key: Any, x: Any, plan: Any, call: CallState, grad: bool) -> Any:
+        """Kept across calls only when steps are reused (share_across_blocks alone lives within a call), and
+        never while training: there each call is a new batch of images."""
+        patch = self.patch
+        shape = patch.layout.reuse_shape(call, plan, patch.xp.shape(x)[0])
+        clock = patch.clock
+        if clock is not None and self.steps_reused > 1 and not grad:
+            # The pipeline's loop says which step this is; the clock empties its cache as a window starts, so
+            # the window's first call matches and every later call (the step's other guidance half, as Wan's
+            # pipeline calls it, and the window's later steps) reuses, as the timestep rule does.
+            cache, cache_key, grid, step, window = clock.kept, (patch.slot, key), None, 0, None
+        elif self.steps_reused > 1 and not patch.host.is_compiling() and not grad:
+            # Flux: grids of one token count differ by their ids; a pipeline passes one ids tensor per run.
+            cache, cache_key, grid, step, window = self.steps.cache, key, call.ids, call.step, self.steps_reused
+        else:
+            return self._match(index, x, plan, call)
+        merge = cache.lookup(cache_key, shape, grid, step, window)
+        if merge is not None:
+            self._note(call, index, reused=1)
+            return merge
+        merge = self._match(index, x, plan, call)
+        cache.store(cache_key, shape, merge, grid, step)
+        return merge
+
+    def _match(self, index: int, x: Any, plan: Any, call: CallState) -> Any:
+        patch, args, xp = self.patch, self.patch.args, self.patch.xp
+        self._note(call, index, computed=1)
+        offsets = None
+        if call.coords is not None:
+            # One matching for the batch (per-token rotary rows have no batch axis), so the random
+            # pattern need not differ between guidance halves: it follows use_rand whatever the batch.
+            coords = call.coords
+            strides = (args.st, args.sy, args.sx)[-len(coords):]  # (sy, sx) on an image, (st, sy, sx) on a video
+            if args.use_rand:
+                volume = math.prod(strides)  # a space-time cell's places span its frames too
+                offsets = self._offsets(index, x, xp.shape(x)[1] // volume, volume, call)
+            if plan.site_r:
+                return _per_site(plan, compute_shared_merges(xp, x, coords, strides, [r for _, r in plan.site_r], offsets))
+            return compute_shared_merge(xp, x, coords, strides, plan.r, offsets)
+        if plan.use_rand:
+            offsets = self._offsets(index, x, num_cells(plan.w, plan.h, args.sx, args.sy), args.sx * args.sy, call)
+        if plan.site_r:  # per-site ratios: one matching, a merge per site
+            return _per_site(plan, compute_merges(xp, x, plan.w, plan.h, args.sx, args.sy,
+                                                  [r for _, r in plan.site_r], offsets))
+        return compute_merge(xp, x, plan.w, plan.h, args.sx, args.sy, plan.r, offsets)
+
+    def _offsets(self, index: int, x: Any, cells: int, places: int, call: CallState) -> Any:
+        """Block `index`'s dst place in each of `cells` cells of `places` tokens (sx * sy on an image,
+        st * sy * sx on a space-time grid): one table per call and cell count. A patch's cell size never
+        changes, so the cell count alone keys the table (an int: paddle's SOT cannot simulate a tuple key)."""
+        xp = self.patch.xp
+        table = call.draws.get(cells)
+        if table is None:
+            if call.key is None:
+                call.key = rng.call_key(xp, self.seed, call.timestep)
+            table = rng.randint(xp, x, [len(self.patch.blocks), cells], places, call.key)
+            call.draws[cells] = table
+        return table[index]
+
+    def _note(self, call: CallState, index: int, computed: int = 0, reused: int = 0) -> None:
+        if call.watch is not None:
+            call.watch.note(index, self.patch.kind_names[index], computed, reused)
+
+
+def _per_site(plan: Any, merges: Optional[Dict[int, Any]]) -> Optional[Dict[str, Any]]:
+    """{merge flag: its site's merge}; a site whose r is 0 is left out (it does not merge)."""
+    if merges is None:
+        return None
+    return {flag: merges[r] for flag, r in plan.site_r if r > 0}

@@ -1,0 +1,78 @@
+"""What ToMe knows about each kind of denoiser (a root model), as data.
+
+A root kind says which token layout its blocks see (layouts.py: a UNet's levels, a diffusion transformer's
+patch grid, Flux's ids, a video transformer's space-time grid), where its frames are, and which input gives
+the grid. Adding a family whose layout exists is one entry here (and its blocks' entries in kinds.py); the
+supported-model list and the refusals of unknown roots are generated from this table.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Tuple
+
+from .frameworks import class_names
+
+
+@dataclass(frozen=True)
+class RootKind:
+    family: str  # what users call it
+    classes: Tuple[str, ...]  # class names in the root's ancestry
+    layout: str  # "levels" | "patches" | "ids" | "spacetime" (layouts.LAYOUTS)
+    suffix: bool = False  # also match classes whose names end with one of `classes`
+    video: bool = False  # "levels": a 5-D latent whose frames ride in the spatial blocks' batch
+    frame_axis: Optional[int] = None  # "spacetime": the latent's frame axis
+    ids: Optional[str] = None  # "ids": the input with each image token's (0, row, col)
+    supported: str = ""  # how the supported-model list names it ("": not listed)
+    refused: str = ""  # why ToMe cannot patch it ("": it can)
+
+    def matches(self, names: set) -> bool:
+        return any(n in self.classes or (self.suffix and n.endswith(self.classes)) for n in names)
+
+
+ROOT_KINDS: Tuple[RootKind, ...] = (
+    # Denoisers whose input is not an image (or video) latent: their blocks hold tokens of embeddings.
+    RootKind("Prior", ("PriorTransformer",), "levels", refused="a prior over embeddings, not over an image latent"),
+    # Flux's packed latent has no spatial axes: its `img_ids` rows are (0, row, col).
+    RootKind("Flux", ("FluxTransformer2DModel", "FluxControlNetModel"), "ids", suffix=True, ids="img_ids",
+             supported="a Flux transformer or ControlNet (torch)"),
+    # Video transformers: every frame's tokens in one sequence, frames outermost. Wan [B, C, F, H, W],
+    # CogVideoX [B, F, C, H, W].
+    RootKind("Wan", ("WanTransformer3DModel",), "spacetime", frame_axis=2,
+             supported="the Wan video transformer (torch)"),
+    RootKind("CogVideoX", ("CogVideoXTransformer3DModel",), "spacetime", frame_axis=1,
+             supported="the CogVideoX video transformer (torch)"),
+    # Denoisers that patchify their latent once: SD3Transformer2DModel, PixArtTransformer2DModel,
+    # DiTTransformer2DModel, ppdiffusers' Transformer2DModel (PixArt, DiT), SD3ControlNetModel.
+    RootKind("diffusion transformer", ("Transformer2DModel", "SD3ControlNetModel"), "patches", suffix=True,
+             supported="an SD3 / SD3.5, PixArt or DiT transformer (torch or paddle)"),
+    # Video UNets: the latent is [B, C, F, H, W] ([B, F, C, H, W] for SVD), H and W last; the spatial blocks
+    # see one frame per batch row, so tomesd's level rule merges within each frame.
+    RootKind("video UNet", ("UNetMotionModel", "UNet3DConditionModel", "UNetSpatioTemporalConditionModel",
+                            "I2VGenXLUNet"), "levels", video=True,
+             supported="a video UNet (AnimateDiff's UNetMotionModel, UNet3DConditionModel, SVD's "
+                       "UNetSpatioTemporalConditionModel, I2VGenXLUNet)"),
+)
+
+# Any other root with known blocks: a UNet (diffusers, ppdiffusers, LDM) or a ControlNet, by tomesd's levels.
+UNET = RootKind("UNet", ("UNet2DConditionModel", "ControlNetModel"), "levels",
+                supported="a UNet2DConditionModel or ControlNetModel")
+
+SUPPORTED = (
+    "a diffusers/ppdiffusers pipeline, "
+    + ", ".join([UNET.supported] + [kind.supported for kind in ROOT_KINDS if kind.supported])
+    + ", or an LDM / Stable Diffusion model with .model.diffusion_model"
+)
+
+
+def root_kind(model: Any) -> RootKind:
+    names = class_names(model)
+    return next((kind for kind in ROOT_KINDS if kind.matches(names)), UNET)
+
+
+def refusal(model: Any) -> Optional[str]:
+    """Why ToMe cannot patch `model` as a root, or None."""
+    kind = root_kind(model)
+    if not kind.refused:
+        return None
+    name = next(n for n in class_names(model) if n in kind.classes or n.endswith(kind.classes))
+    return f"ToMe cannot patch {name}: it is {kind.refused}; expected {SUPPORTED}"

@@ -1,0 +1,244 @@
+"""A patch's lifecycle on one root model: which hooks go where (install), their removal (remove), copies,
+and the root's and blocks' entry hooks that set up each call. `install` and `remove` are each other's inverse.
+
+The host library's own forwards run unchanged. Per root model (a UNet, a diffusion transformer or a
+ControlNet): a pre-hook on the root reads this call's token grid (layouts.py) and timestep, doing no tensor
+work; a pre-hook on each block of a known kind (kinds.BLOCK_KINDS) records the block's input, and the merge
+is computed from it at the block's first hooked sub-layer (matcher.py); the sub-layers' hooks (sites.py)
+merge and unmerge. Hooks are methods of small objects that point back at the patch (on paddle wrapped in a
+plain object the backend registers), so patched models deepcopy and pickle, and a copy's patch owns the
+copy's hooks; what a call computes lives in calls.py and is never copied.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, List, Optional
+
+from . import guards
+from .calls import BlockMerge, CallStacks, CallState, Replay
+from .kinds import BlockKind, block_kind, in_temporal_container
+from .layouts import layout_of
+from .matcher import Matcher
+from .observe import CallWatch
+from .roots import root_kind
+from .signatures import CONTEXT, LATENT, TIMESTEP, TOKENS, InputSpec
+from .sites import (
+    BlockEntry, DownsampleContext, DownsampleProjection, MergeSite, SpanEnd, SpanRotary, SpanStart,
+)
+
+PATCH_ATTR = "_tome_patch"
+
+
+def transformer_blocks(host: Any, root: Any) -> List[Any]:
+    """The blocks of `root` whose kind ToMe knows (kinds.BLOCK_KINDS), in module order, leaving out
+    those inside a temporal container (their tokens are frames)."""
+    temporal = {id(m) for _, c in host.named_modules(root) if in_temporal_container(c) for _, m in host.named_modules(c)}
+    return [m for _, m in host.named_modules(root) if block_kind(m) is not None and id(m) not in temporal]
+
+
+class RootHooks:
+    """The root's entry and exit: a call's state is pushed and popped around its forward."""
+
+    def __init__(self, patch: "ToMePatch") -> None:
+        self.patch = patch
+
+    def pre(self, module: Any, args: tuple, kwargs: dict) -> None:
+        self.patch.enter_root(module, args, kwargs)
+
+    def post(self, module: Any, args: tuple, output: Any) -> None:
+        stack = self.patch.calls.current()
+        if stack:
+            stack.pop()
+
+
+def _owner(hook: Any) -> Any:
+    target = getattr(getattr(hook, "func", hook), "__self__", None)  # paddle's LayerHook keeps the method as func
+    return getattr(target, "patch", None)
+
+
+def remove_owned_hooks(host: Any, module: Any, owner: Any) -> None:
+    """Remove from `module` every forward hook that belongs to `owner` (with its flags)."""
+    for table_name, flag_names in host.hook_tables:
+        table = getattr(module, table_name, None) or {}
+        for hook_id, hook in list(table.items()):
+            if _owner(hook) is owner:
+                del table[hook_id]
+                for flag_name in flag_names:
+                    getattr(module, flag_name, {}).pop(hook_id, None)
+
+
+class ToMePatch:
+    """The hooks ToMe puts on one root model, and what they share."""
+
+    def __init__(self, root: Any, args: Any, host: Any, xp: Any):
+        self.root, self.args, self.host, self.xp = root, args, host, xp
+        self.clock: Any = None  # a clock.StepClock when a pipeline was patched with reuse_steps > 1 or a schedule
+        self.slot = 0  # this denoiser's place among its pipeline's (the clock's keys)
+        self.blocks = transformer_blocks(host, root)
+        self.kinds: List[BlockKind] = [block_kind(block) for block in self.blocks]
+        self.kind_names = [type(block).__name__ for block in self.blocks]
+        self.layout = layout_of(root, root_kind(root), host)
+        self.latent_spec = InputSpec.find(root, LATENT, first_positional=True)
+        self.timestep_spec = InputSpec.find(root, TIMESTEP, first_positional=False)
+        self.matcher = Matcher(self)
+        self._hooked: List[Any] = []
+        self._init_runtime()
+
+    def _init_runtime(self) -> None:
+        self.calls = CallStacks(self.host)
+        self.replay = Replay()
+        self.observers: List[Any] = []  # observe.Observation objects recording this patch's calls
+
+    # ---- copies: runtime state is per object and never copied ----
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        for name in ("calls", "replay", "observers"):
+            state.pop(name)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._init_runtime()
+        self.matcher.reset()  # a copy keeps no matchings
+
+    # ---- lifecycle ----
+    def validate(self) -> None:
+        guards.validate(self)
+
+    def install(self) -> None:
+        host, root_hooks = self.host, RootHooks(self)
+        self._hook(self.root, host.add_pre_hook, root_hooks.pre)
+        self._hook(self.root, functools.partial(host.add_post_hook, always_call=True), root_hooks.post)
+        for index, (block, kind) in enumerate(zip(self.blocks, self.kinds)):
+            entry = BlockEntry(self, index, InputSpec.find(block, kind.tokens, first_positional=True))
+            self._hook(block, host.add_pre_hook, entry.pre)
+            if self.args.mode == "downsample":
+                self._install_downsample(index, block, kind)
+            else:
+                self._install_merge(index, block, kind)
+        setattr(self.root, PATCH_ATTR, self)
+
+    def _install_downsample(self, index: int, block: Any, kind: BlockKind) -> None:
+        host = self.host
+        for way in kind.downsample:
+            attn = getattr(block, way.attention, None)
+            if attn is None:
+                continue
+            if way.via == "context":
+                hook = DownsampleContext(self, index, InputSpec.find(attn, TOKENS, first_positional=True),
+                                         InputSpec.find(attn, CONTEXT, first_positional=False))
+                self._hook(attn, host.add_pre_hook, hook.pre)
+            else:
+                for projection in guards.KV_PROJECTIONS:
+                    hook = DownsampleProjection(self, index, attn, projection)
+                    self._hook(getattr(attn, projection), host.add_pre_hook, hook.pre)
+
+    def _install_merge(self, index: int, block: Any, kind: BlockKind) -> None:
+        host = self.host
+        for layer in kind.sublayers:
+            sub = getattr(block, layer.name, None)
+            if sub is None or not getattr(self.args, layer.flag):
+                continue
+            rotary = None
+            if layer.rotary is not None:  # by keyword, or where the signature puts it (Wan passes it by position)
+                rotary = InputSpec.find(sub, (layer.rotary,), first_positional=False) or InputSpec(layer.rotary, None)
+            hook = MergeSite(self, index, layer, InputSpec.find(sub, layer.tokens, first_positional=True), rotary,
+                             self_attention=layer.name == kind.self_attention)
+            self._hook(sub, host.add_pre_hook, hook.pre)
+            self._hook(sub, host.add_post_hook, hook.post)
+        for span in kind.spans:
+            start, end = getattr(block, span.start, None), getattr(block, span.end, None)
+            if start is None or end is None or not getattr(self.args, span.flag):
+                continue
+            self._hook(start, host.add_post_hook, SpanStart(self, index, span).post)
+            self._hook(end, host.add_post_hook, SpanEnd(self, index, span).post)
+            inner = getattr(block, span.rotary_at, None) if span.rotary_at else None
+            if inner is not None:
+                self._hook(inner, host.add_pre_hook, SpanRotary(self, index, span).pre)
+
+    def _hook(self, module: Any, register: Any, hook: Any) -> None:
+        register(module, hook)
+        if not any(m is module for m in self._hooked):
+            self._hooked.append(module)
+
+    def remove(self) -> None:
+        for module in self._hooked:
+            remove_owned_hooks(self.host, module, self)
+        self._hooked.clear()
+        self.replay.clear()
+        self.matcher.reset()  # drops kept matches of every thread
+        self.clock = None  # the pipeline's clock (targets.remove detaches it from the scheduler)
+        if self.root.__dict__.get(PATCH_ATTR) is self:
+            delattr(self.root, PATCH_ATTR)
+
+    # ---- a call ----
+    def enter_root(self, module: Any, args: tuple, kwargs: dict) -> None:
+        host, call = self.host, CallState()
+        # Pushed before any error: the always-called exit hook pops it even when this hook raises.
+        self.calls.current().append(call)
+        if self.observers and not host.is_compiling():
+            call.watch = CallWatch(self.observers, type(module).__name__)
+        latent = self.latent_spec.get(args, kwargs)
+        if latent is None:
+            raise TypeError(f"ToMe found no '{self.latent_spec.name}' input in this call of {type(module).__name__}")
+        self.layout.read(call, module, args, kwargs, self.xp.shape(latent), self.latent_spec.name)
+        if self.timestep_spec is not None:
+            call.timestep = self.timestep_spec.get(args, kwargs)
+        if self.clock is not None and self.clock.schedule is not None:
+            if not host.is_compiling():
+                self.clock.follow()
+            call.ratio = self.clock.ratio  # a float set on the host as the step began
+        if self.matcher.steps_reused > 1 and not host.grad_enabled():  # training never reuses (see matcher)
+            if self.clock is None:
+                call.step = self.matcher.denoising_step(call.timestep)
+            elif not host.is_compiling():
+                self.clock.follow()
+        if self.replay and not host.grad_enabled() and not host.is_compiling():
+            self.replay.clear()  # inference after training: nothing left to recompute
+
+    def enter_block(self, index: int, block: Any, x: Any) -> None:
+        call = self.calls.top()
+        if call is None:
+            return  # replayed by checkpointing: the sub-layers use the replay record
+        if self.args.mode == "downsample":
+            for way in self.kinds[index].downsample:
+                attn = getattr(block, way.attention, None)
+                if way.via == "projections" and attn is not None:
+                    guards.check_projections(attn)  # the processor may have been swapped after apply_patch
+        call.merges.pop(index, None)
+        # The grad mode is taken here: LDM's checkpointing runs the block's body under no_grad inside a
+        # block entered with gradients on, and training (replay kept, nothing reused) is decided by the latter.
+        call.pending[index] = (block, x, self.host.grad_enabled())
+
+    def watch(self) -> Optional[CallWatch]:
+        """The current call's observations, or None (nothing observes, or a graph is being traced)."""
+        call = self.calls.top()
+        return None if call is None else call.watch
+
+    def site_merge(self, index: int, flag: str) -> Any:
+        """Block `index`'s merge for the site `flag` turns on: with per-site ratios the block holds one merge
+        per site (all from one matching), else one merge for every site."""
+        merge = self.current_merge(index)
+        return merge.get(flag) if isinstance(merge, dict) else merge
+
+    def current_merge(self, index: int) -> BlockMerge:
+        call = self.calls.top()
+        if call is not None:
+            pending = call.pending.pop(index, None)
+            if pending is not None:  # the block's first hooked sub-layer: match now
+                self._settle(index, call, *pending)
+            return call.merges.get(index)
+        # A block running after its root's call: a checkpointed block recomputed in backward.
+        return self.replay.get(index) if self.host.grad_enabled() else None
+
+    def _settle(self, index: int, call: CallState, block: Any, x: Any, grad: bool) -> None:
+        """Block `index`'s merge, from its input `x`; `grad`: gradients were on when the block was entered."""
+        watch = call.watch
+        started = None if watch is None else watch.start()
+        merge = self.matcher.block_merge(index, block, self.layout.image_tokens(call, x), call, grad)
+        call.merges[index] = merge
+        if watch is not None:
+            watch.stop("downsample" if self.args.mode == "downsample" else "match", started)
+            watch.used(index, self.kind_names[index], merge)
+        if merge is not None and grad and not self.host.is_compiling():
+            self.replay.keep(index, merge)

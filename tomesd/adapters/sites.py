@@ -1,0 +1,205 @@
+"""The hooks ToMe puts on a block's sub-layers: small objects whose `pre` / `post` methods the runtime
+registers and removes. Each asks the patch for its block's merge in the current call (computed at the
+block's first hooked sub-layer) and does no other state keeping.
+
+Merge mode: pre-hooks on the sub-layers a block kind lists merge their image tokens (and gather rotary
+rows), post-hooks unmerge their image output; spans merge at one sub-layer's output and unmerge at
+another's. Downsample mode hooks self-attention only: on attn1 (UNets, PixArt, DiT) its pre-hook passes the
+downsampled tokens as the attention's own context argument, so the host's attention module and processor
+compute keys and values from them; on SD3's joint attention the image key and value projections take the
+downsampled tokens. Queries stay full.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+from .guards import FUSED_QKV, MASKED_DOWNSAMPLE, MASKED_SELF_ATTENTION, fused, refuse_step_cache_inside
+from .kinds import Span, Sublayer
+from .signatures import InputSpec
+
+
+class SiteHook:
+    """A hook of one block (`index`) of one patch."""
+
+    def __init__(self, patch: Any, index: int) -> None:
+        self.patch, self.index = patch, index
+
+    def _record(self, site: str, before: Any, after: Any) -> None:
+        watch = self.patch.watch()
+        if watch is not None:
+            shape = self.patch.xp.shape
+            watch.site(self.index, self.patch.kind_names[self.index], site, shape(before)[1], shape(after)[1])
+
+    def _timed(self, work: str, fn: Any, *args: Any) -> Any:
+        watch = self.patch.watch()
+        if watch is None:
+            return fn(*args)
+        started = watch.start()
+        out = fn(*args)
+        watch.stop(work, started)
+        return out
+
+
+class BlockEntry(SiteHook):
+    """The block's input, kept until its first hooked sub-layer computes the merge from it: a block that a
+    step cache (diffusers' First Block Cache) skips costs no matching."""
+
+    def __init__(self, patch: Any, index: int, spec: InputSpec) -> None:
+        super().__init__(patch, index)
+        self.spec = spec
+
+    def pre(self, module: Any, args: tuple, kwargs: dict) -> None:
+        self.patch.enter_block(self.index, module, self.spec.get(args, kwargs))
+
+
+class MergeSite(SiteHook):
+    """A sub-layer whose input holds the image tokens: they merge before it, its image output unmerges."""
+
+    def __init__(self, patch: Any, index: int, layer: Sublayer, spec: InputSpec, rotary: Optional[InputSpec],
+                 self_attention: bool) -> None:
+        super().__init__(patch, index)
+        self.layer, self.spec, self.rotary, self.self_attention = layer, spec, rotary, self_attention
+
+    def pre(self, module: Any, args: tuple, kwargs: dict) -> Any:
+        merge = self.patch.site_merge(self.index, self.layer.flag)
+        if merge is None:
+            return None
+        if not self.patch.host.is_compiling():
+            refuse_step_cache_inside(module)  # a cache applied after the patch
+        if self.rotary is not None:
+            rows = self.rotary.get(args, kwargs)
+            if rows is not None:
+                axis = self.layer.rotary_axis
+                args, kwargs = self.rotary.replace(args, kwargs, tuple(merge.gather_rows(t, axis) for t in rows))
+        if self.self_attention and kwargs.get("attention_mask") is not None:
+            raise ValueError(MASKED_SELF_ATTENTION)
+        # The image tokens, or a sequence ending with them (CogVideoX's feed-forward sees [text, image]).
+        tokens = self.spec.get(args, kwargs)
+        merged = self._timed("merge", merge.merge_tail, tokens)
+        self._record(self.layer.flag, tokens, merged)
+        return self.spec.replace(args, kwargs, merged)
+
+    def post(self, module: Any, args: tuple, output: Any) -> Any:
+        return unmerge_output(self, self.layer.flag, self.layer.outputs, output)
+
+
+def unmerge_output(hook: SiteHook, flag: str, positions: Tuple[int, ...], output: Any) -> Any:
+    """The image tokens of a sub-layer's output back to every token (the last N of a joined sequence)."""
+    merge = hook.patch.site_merge(hook.index, flag)
+    if merge is None:
+        return None
+
+    def unmerge(output: Any) -> Any:
+        if not positions:
+            return merge.unmerge_tail(output)
+        if not isinstance(output, tuple):  # a processor that returns the image tokens alone
+            return merge.unmerge(output)
+        return tuple(merge.unmerge(item) if i in positions and item is not None else item
+                     for i, item in enumerate(output))
+
+    return hook._timed("unmerge", unmerge, output)
+
+
+class SpanStart(SiteHook):
+    """A span's start: the image tokens (the last N) of this sub-layer's output merge."""
+
+    def __init__(self, patch: Any, index: int, span: Span) -> None:
+        super().__init__(patch, index)
+        self.span = span
+
+    def post(self, module: Any, args: tuple, output: Any) -> Any:
+        merge = self.patch.site_merge(self.index, self.span.flag)
+        if merge is None:
+            return None
+        if not self.patch.host.is_compiling():
+            inner = getattr(self.patch.blocks[self.index], self.patch.kinds[self.index].self_attention, None)
+            if inner is not None:
+                refuse_step_cache_inside(inner)  # a cache applied after the patch
+        position = self.span.start_output
+        tokens = output if position is None else output[position]
+        merged = self._timed("merge", merge.merge_tail, tokens)
+        self._record(self.span.flag, tokens, merged)
+        if position is None:
+            return merged
+        return tuple(merged if i == position else item for i, item in enumerate(output))
+
+
+class SpanEnd(SiteHook):
+    def __init__(self, patch: Any, index: int, span: Span) -> None:
+        super().__init__(patch, index)
+        self.span = span
+
+    def post(self, module: Any, args: tuple, output: Any) -> Any:
+        return unmerge_output(self, self.span.flag, (), output)
+
+
+class SpanRotary(SiteHook):
+    """Inside a span: the attention's rotary rows follow the merged tokens."""
+
+    def __init__(self, patch: Any, index: int, span: Span) -> None:
+        super().__init__(patch, index)
+        self.span = span
+
+    def pre(self, module: Any, args: tuple, kwargs: dict) -> Any:
+        merge = self.patch.site_merge(self.index, self.span.flag)
+        rotary = self.span.rotary
+        if merge is None or kwargs.get(rotary) is None:
+            return None
+        return args, {**kwargs, rotary: tuple(merge.gather_rows(rows) for rows in kwargs[rotary])}
+
+
+class DownsampleContext(SiteHook):
+    """Self-attention given the downsampled tokens as its context argument (keys and values)."""
+
+    def __init__(self, patch: Any, index: int, tokens: InputSpec, context: Optional[InputSpec]) -> None:
+        super().__init__(patch, index)
+        self.tokens, self.context = tokens, context
+
+    def pre(self, module: Any, args: tuple, kwargs: dict) -> Any:
+        down = self.patch.current_merge(self.index)
+        if down is None:
+            return None
+        if self.context is None or self.context.get(args, kwargs) is not None:
+            return None  # keys/values already come from elsewhere (only_cross_attention): nothing to downsample
+        if fused(module):
+            raise ValueError(FUSED_QKV)
+        if kwargs.get("attention_mask") is not None:
+            raise ValueError(MASKED_DOWNSAMPLE)
+        x = self.tokens.get(args, kwargs)
+        small = self._timed("downsample", down, x)
+        self._record("downsample", x, small)
+        return self.context.replace(args, kwargs, small)
+
+
+class DownsampleProjection(SiteHook):
+    """A key or value projection of image tokens: it projects the downsampled grid instead."""
+
+    def __init__(self, patch: Any, index: int, attention: Any, name: str) -> None:
+        super().__init__(patch, index)
+        self.attention, self.name = attention, name
+
+    def pre(self, module: Any, args: tuple, kwargs: dict) -> Any:
+        down = self.patch.current_merge(self.index)
+        if down is None:
+            return None
+        if getattr(self.attention, self.name) is not module:
+            # Wrapped after apply_patch (a LoRA adapter: the wrapper feeds this layer and its own
+            # branch the same input, and only this one would shrink).
+            raise ValueError(
+                f"{type(self.attention).__name__}.{self.name} was replaced after apply_patch (by a LoRA adapter or "
+                f"another wrapper), so mode='downsample' can no longer shrink its input alone. Call apply_patch "
+                f"again after loading adapters."
+            )
+        x = args[0] if args else kwargs["input"]
+        # to_k and to_v project the same tensor: downsample it once. One slot per call, overwritten by
+        # the next attention, so no block's input outlives its attention.
+        call = self.patch.calls.top()
+        last = call.shared.get("projected") if call is not None else None
+        if last is not None and last[0] is x:
+            small = last[1]
+        else:
+            small = self._timed("downsample", down, x)
+            if call is not None:
+                call.shared["projected"] = (x, small)
+            self._record("downsample", x, small)  # once per attention: to_v reuses to_k's
+        return ((small,) + args[1:], kwargs) if args else (args, {**kwargs, "input": small})
