@@ -19,6 +19,8 @@ class Family:
     one_matching: bool  # one matching serves the batch (the token grid is shared: Flux ids, space-time grids)
     grids: Tuple[dict, dict]  # two token grids of different sizes (for concurrent calls at two resolutions)
     patch: dict = None  # apply_patch arguments under which the family merges (default ratio=0.5)
+    root: str = ""  # the runtime's root kind (tomesd.adapters.roots) this family stands for
+    host_class: str = ""  # the diffusers class it needs, where older diffusers (env b's 0.32) lacks it
 
 
 def _unet_inputs(model, batch=2, seed=1, h=16, w=16):
@@ -31,6 +33,17 @@ def _run_unet(model, inputs):
         return model(**inputs).sample
 
 
+def _chronoedit():
+    """ChronoEdit: Wan's blocks and latent layout under another root class (diffusers)."""
+    from diffusers import ChronoEditTransformer3DModel
+
+    return T.randomize_(ChronoEditTransformer3DModel(**T.WAN), 0)
+
+
+def _video_unet_inputs(model, batch=2, seed=1, **grid):
+    return T.video_inputs("unet3d", batch=batch, seed=seed, **grid)
+
+
 def _transformer(kind):
     return dict(build=lambda: T.transformer(kind),
                 inputs=lambda model, batch=2, seed=1, **grid: T.transformer_inputs(kind, batch=batch, seed=seed, **grid),
@@ -39,24 +52,46 @@ def _transformer(kind):
 
 FAMILIES = {
     "sd1-unet": Family("sd1-unet", T.unet, _unet_inputs, _run_unet, ("sample", "encoder_hidden_states"), False,
-                       (dict(h=16, w=16), dict(h=12, w=20))),
+                       (dict(h=16, w=16), dict(h=12, w=20)), root="UNet"),
     "sd3": Family("sd3", **_transformer("sd3"), batched=("hidden_states", "timestep", "encoder_hidden_states",
-                                                         "pooled_projections"), one_matching=False),
+                                                         "pooled_projections"), one_matching=False,
+                  root="diffusion transformer"),
     "pixart": Family("pixart", **_transformer("pixart"), batched=("hidden_states", "timestep", "encoder_hidden_states"),
-                     one_matching=False),
+                     one_matching=False, root="diffusion transformer"),
     "flux": Family("flux", T.flux, lambda model, batch=2, seed=1, **grid: T.flux_inputs(batch=batch, seed=seed, **grid),
                    lambda model, inputs: T.run_transformer(model, inputs),
                    ("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"), True,
-                   (dict(h=8, w=8), dict(h=6, w=10))),
+                   (dict(h=8, w=8), dict(h=6, w=10)), root="Flux"),
     "wan": Family("wan", T.wan, lambda model, batch=2, seed=1, **grid: T.wan_inputs(batch=batch, seed=seed, **grid),
                   T.run_wan, ("hidden_states", "timestep", "encoder_hidden_states"), True,
-                  (dict(frames=3, h=8, w=8), dict(frames=2, h=6, w=10)), dict(ratio=0.5, st=2)),
+                  (dict(frames=3, h=8, w=8), dict(frames=2, h=6, w=10)), dict(ratio=0.5, st=2), root="Wan",
+                  host_class="WanTransformer3DModel"),
+    "chronoedit": Family("chronoedit", _chronoedit,
+                         lambda model, batch=2, seed=1, **grid: T.wan_inputs(batch=batch, seed=seed, **grid),
+                         T.run_wan, ("hidden_states", "timestep", "encoder_hidden_states"), True,
+                         (dict(frames=3, h=8, w=8), dict(frames=2, h=6, w=10)), root="ChronoEdit",
+                         host_class="ChronoEditTransformer3DModel"),
     "cogvideox-1.5": Family("cogvideox-1.5", lambda: T.cogvideox("1.5"),
                             lambda model, batch=2, seed=1, **grid: T.cogvideox_inputs(model, batch=batch, seed=seed,
                                                                                       **grid),
                             T.run_cogvideox, ("hidden_states", "timestep", "encoder_hidden_states"), True,
-                            (dict(frames=4, h=8, w=8), dict(frames=2, h=6, w=10)), dict(ratio=0.5, merge_mlp=True)),
+                            (dict(frames=4, h=8, w=8), dict(frames=2, h=6, w=10)), dict(ratio=0.5, merge_mlp=True),
+                            root="CogVideoX"),
+    "unet3d": Family("unet3d", lambda: T.video_unet("unet3d"), _video_unet_inputs, T.run_video,
+                     ("sample", "encoder_hidden_states"), False, (dict(frames=4, h=16, w=16), dict(frames=2, h=12, w=20)),
+                     root="video UNet"),
 }
+
+
+def missing_host(family: Family) -> str:
+    """Why this environment cannot build the family ("" when it can)."""
+    if not family.host_class:
+        return ""
+    import diffusers
+
+    if hasattr(diffusers, family.host_class):
+        return ""
+    return f"diffusers {diffusers.__version__} has no {family.host_class} (env (a), current diffusers, runs it)"
 
 
 def flipped(family: Family, inputs: dict) -> dict:

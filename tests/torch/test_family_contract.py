@@ -9,12 +9,13 @@ import pytest
 import torch
 
 import tomesd
-from families import FAMILIES, flipped
+from families import FAMILIES, flipped, missing_host
 from probes import OpCounter
 from threads import concurrent_calls
 
 TOL = 1e-5
-NAMES = list(FAMILIES)
+NAMES = [pytest.param(name, marks=pytest.mark.skipif(bool(missing_host(family)), reason=missing_host(family)))
+         for name, family in FAMILIES.items()]
 
 
 @pytest.fixture(scope="module", params=NAMES)
@@ -159,4 +160,13 @@ def test_a_forward_on_the_meta_device_merges_without_reading_values(family):
 
 # Which blocks merge their self-attention under the contract's patch, on the default grid.
 FAMILY_MERGED_BLOCKS = {"sd1-unet": [0, 4, 5], "sd3": [0, 1, 2], "pixart": [0, 1, 2], "flux": [0, 1, 2, 3],
-                        "wan": [0, 1], "cogvideox-1.5": [0, 1]}
+                        "wan": [0, 1], "chronoedit": [0, 1], "cogvideox-1.5": [0, 1], "unet3d": [0, 1, 2]}
+
+
+def test_every_root_kind_is_held_to_the_contract():
+    """Each denoiser family the runtime knows (its root-kind table) has an entry in tests/families.py, so a
+    family added to the runtime is tested by this file (refused roots excepted)."""
+    from tomesd.adapters.roots import ROOT_KINDS, UNET
+
+    known = {kind.family for kind in ROOT_KINDS + (UNET,) if not kind.refused}
+    assert known == {family.root for family in FAMILIES.values()}

@@ -41,6 +41,8 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
              supported="the Wan video transformer (torch)"),
     RootKind("CogVideoX", ("CogVideoXTransformer3DModel",), "spacetime", frame_axis=1,
              supported="the CogVideoX video transformer (torch)"),
+    RootKind("ChronoEdit", ("ChronoEditTransformer3DModel",), "spacetime", frame_axis=2,
+             supported="the ChronoEdit video transformer (torch)"),
     # Denoisers that patchify their latent once: SD3Transformer2DModel, PixArtTransformer2DModel,
     # DiTTransformer2DModel, ppdiffusers' Transformer2DModel (PixArt, DiT), SD3ControlNetModel.
     RootKind("diffusion transformer", ("Transformer2DModel", "SD3ControlNetModel"), "patches", suffix=True,
