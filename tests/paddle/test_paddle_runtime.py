@@ -1,9 +1,7 @@
 """A patched ppdiffusers UNet at run time: training with recompute, EMA copies, deepcopy, no host
 reads per call, and paddle.jit.to_static (SOT runs ToMe as dynamic mode does; AST is refused)."""
 import copy
-import os
 import pickle
-import sys
 
 import numpy as np
 import paddle
@@ -12,6 +10,7 @@ import pytest
 import tiny_paddle as P
 import tome_core
 import tomesd
+from paddle_probes import count_host_reads
 from tomesd.adapters.runtime import PATCH_ATTR
 
 TOL = 1e-5  # gradients: fp32 round-off of a recomputed forward (reentrant recompute)
@@ -155,37 +154,6 @@ def test_copy_of_patched_layer(clean, inputs, copier):
 
 # ---- no host reads ---------------------------------------------------------------------------
 
-_HOST_READS = ("numpy", "item", "tolist", "__array__", "__bool__", "__float__", "__int__", "__index__")
-_OURS = tuple(os.path.dirname(m.__file__) + os.sep for m in (tomesd, tome_core))
-
-
-def count_host_reads(monkeypatch, fn):
-    """Run fn with every host read of a paddle Tensor recorded: (all reads, reads from our code)."""
-    reads, ours = [], []
-
-    def spy(name, original):
-        def method(self, *args, **kwargs):
-            reads.append(name)
-            frame = sys._getframe(1)
-            while frame is not None:
-                if frame.f_code.co_filename.startswith(_OURS):
-                    ours.append((name, frame.f_code.co_filename, frame.f_lineno))
-                    break
-                frame = frame.f_back
-            return original(self, *args, **kwargs)
-
-        return method
-
-    with monkeypatch.context() as m:
-        for name in _HOST_READS:
-            m.setattr(paddle.Tensor, name, spy(name, getattr(paddle.Tensor, name)))
-        paddle.zeros([1]).item()
-        assert reads == ["item"], reads  # the spies see reads
-        reads.clear()
-        fn()
-    return reads, ours
-
-
 @pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
 def test_patched_forward_reads_nothing_from_the_device(clean, inputs, monkeypatch, grad):
     """ppdiffusers itself reads shapes back (paddle.reshape with tensor dims calls .item()), so the
@@ -313,6 +281,4 @@ def test_a_paddle_without_the_needed_layer_hooks_gets_a_clear_error(monkeypatch)
         importlib.reload(backend_module)
     monkeypatch.undo()
     importlib.reload(backend_module)
-    from tome_core.backend import _LOADED
-
-    _LOADED["paddle"] = backend_module.backend
+    tome_core.register_backend("paddle", backend_module.backend)  # the reloaded module's, as tomesd would

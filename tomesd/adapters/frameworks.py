@@ -1,6 +1,7 @@
 """Which framework an object belongs to, told without importing either framework."""
 from __future__ import annotations
 
+import importlib
 import sys
 from typing import Any, Optional
 
@@ -17,10 +18,15 @@ def framework_of(obj: Any) -> Optional[str]:
     return None
 
 
-def module_ops(framework: str) -> Any:
-    """The backend object of `framework` (tensor ops and module hooks)."""
+def host_ops(framework: str) -> Any:
+    """`framework`'s host ops: module hooks, graph-compiler detection, grad mode (tomesd.backends.<framework>)."""
     if framework not in sys.modules:
         raise TypeError(f"{framework} is not imported, so this cannot be a {framework} model")
+    return importlib.import_module(f"tomesd.backends.{framework}").host
+
+
+def array_ops(framework: str) -> Any:
+    """`framework`'s array namespace, as tome_core finds it for that framework's tensors."""
     from tome_core.backend import backend_for_name
 
     return backend_for_name(framework)

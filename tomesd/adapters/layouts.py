@@ -31,8 +31,8 @@ class Layout:
     shared_matching = False  # one matching serves the batch, on grid coordinates
     latent_dims = 4
 
-    def __init__(self, root: Any, kind: RootKind, host: Any) -> None:
-        self.host = host
+    def __init__(self, root: Any, kind: RootKind, xp: Any) -> None:
+        self.xp = xp
 
     def validate(self, patch: Any) -> None:
         """Raise at apply time for a root this layout cannot read."""
@@ -62,8 +62,8 @@ class Layout:
 class Levels(Layout):
     one_grid = False
 
-    def __init__(self, root: Any, kind: RootKind, host: Any) -> None:
-        super().__init__(root, kind, host)
+    def __init__(self, root: Any, kind: RootKind, xp: Any) -> None:
+        super().__init__(root, kind, xp)
         self.latent_dims = 5 if kind.video else 4
 
     def plan(self, args: Any, call: Any, batch: int, num_tokens: int, index: int) -> Any:
@@ -76,8 +76,8 @@ class Levels(Layout):
 
 
 class Patches(Layout):
-    def __init__(self, root: Any, kind: RootKind, host: Any, patch_size: int) -> None:
-        super().__init__(root, kind, host)
+    def __init__(self, root: Any, kind: RootKind, xp: Any, patch_size: int) -> None:
+        super().__init__(root, kind, xp)
         self.patch_size = patch_size
 
     def _grid(self, shape: Tuple[int, ...]) -> Any:
@@ -95,16 +95,16 @@ class _Coordinates(Layout):
     def image_tokens(self, call: Any, x: Any) -> Any:
         if call.coords is None:
             call.coords = self._coords(call, x)
-        n = self.host.shape(call.coords[0])[0]
-        return x[:, self.host.shape(x)[1] - n:]
+        n = self.xp.shape(call.coords[0])[0]
+        return x[:, self.xp.shape(x)[1] - n:]
 
     def _coords(self, call: Any, x: Any) -> Tuple[Any, ...]:
         raise NotImplementedError
 
 
 class Ids(_Coordinates):
-    def __init__(self, root: Any, kind: RootKind, host: Any) -> None:
-        super().__init__(root, kind, host)
+    def __init__(self, root: Any, kind: RootKind, xp: Any) -> None:
+        super().__init__(root, kind, xp)
         self.name = kind.ids
         self.spec = InputSpec.find(root, (kind.ids,), False)
 
@@ -120,9 +120,9 @@ class Ids(_Coordinates):
         if len(shape) != 3 or ids is None:
             raise ValueError(
                 f"ToMe needs {type(module).__name__}'s packed latent [B, N, C] and its {self.name} [N, 3], got "
-                f"{list(shape)} and {None if ids is None else list(self.host.shape(ids))}"
+                f"{list(shape)} and {None if ids is None else list(self.xp.shape(ids))}"
             )
-        ids_shape = self.host.shape(ids)
+        ids_shape = self.xp.shape(ids)
         rows = ids_shape[1] if len(ids_shape) == 3 else ids_shape[0]  # older diffusers: ids with a batch axis
         if rows != shape[1]:
             raise ValueError(
@@ -133,16 +133,16 @@ class Ids(_Coordinates):
 
     def _coords(self, call: Any, x: Any) -> Tuple[Any, ...]:
         ids = call.grid
-        ids = ids[0] if len(self.host.shape(ids)) == 3 else ids  # rows (_, row, col), on the device
-        return self.host.to_int64(ids[:, 1]), self.host.to_int64(ids[:, 2])
+        ids = ids[0] if len(self.xp.shape(ids)) == 3 else ids  # rows (_, row, col), on the device
+        return self.xp.to_int64(ids[:, 1]), self.xp.to_int64(ids[:, 2])
 
 
 class SpaceTime(_Coordinates):
     frames_in_sequence = True
     latent_dims = 5
 
-    def __init__(self, root: Any, kind: RootKind, host: Any, frame_axis: int, patch_size: Tuple[int, int, int]) -> None:
-        super().__init__(root, kind, host)
+    def __init__(self, root: Any, kind: RootKind, xp: Any, frame_axis: int, patch_size: Tuple[int, int, int]) -> None:
+        super().__init__(root, kind, xp)
         self.frame_axis, self.patch_size = frame_axis, patch_size
 
     def _grid(self, shape: Tuple[int, ...]) -> Any:
@@ -151,7 +151,7 @@ class SpaceTime(_Coordinates):
 
     def _coords(self, call: Any, x: Any) -> Tuple[Any, ...]:
         f, h, w = call.grid  # each token's (frame, row, col), on the device
-        token = self.host.arange(f * h * w, x)
+        token = self.xp.arange(f * h * w, x)
         return token // (h * w), (token // w) % h, token % w
 
     def reuse_shape(self, call: Any, plan: Any, batch: int) -> tuple:
@@ -174,16 +174,16 @@ def _spacetime_patch(root: Any) -> Optional[Tuple[int, int, int]]:
     return None
 
 
-def layout_of(root: Any, kind: RootKind, host: Any) -> Layout:
+def layout_of(root: Any, kind: RootKind, xp: Any) -> Layout:
     """The layout of `root`; a transformer whose patch size cannot be read falls back to the level rule."""
     if kind.layout == "ids":
-        return Ids(root, kind, host)
+        return Ids(root, kind, xp)
     if kind.layout == "spacetime":
         patch = _spacetime_patch(root)
         if patch is not None:
-            return SpaceTime(root, kind, host, kind.frame_axis, patch)
+            return SpaceTime(root, kind, xp, kind.frame_axis, patch)
     if kind.layout == "patches":
         patch = _patch_size(root)
         if patch is not None:
-            return Patches(root, kind, host, patch)
-    return Levels(root, kind, host)
+            return Patches(root, kind, xp, patch)
+    return Levels(root, kind, xp)

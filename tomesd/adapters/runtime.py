@@ -77,7 +77,7 @@ class ToMePatch:
         self.blocks = transformer_blocks(host, root)
         self.kinds: List[BlockKind] = [block_kind(block) for block in self.blocks]
         self.kind_names = [type(block).__name__ for block in self.blocks]
-        self.layout = layout_of(root, root_kind(root), host)
+        self.layout = layout_of(root, root_kind(root), xp)
         self.latent_spec = InputSpec.find(root, LATENT, first_positional=True)
         self.timestep_spec = InputSpec.find(root, TIMESTEP, first_positional=False)
         self.matcher = Matcher(self)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, List, Tuple
 
 from .clock import StepClock, clockable
-from .frameworks import class_names, framework_of, module_ops
+from .frameworks import array_ops, class_names, framework_of, host_ops
 from .kinds import KNOWN_BLOCKS
 from .roots import SUPPORTED, refusal
 from .runtime import PATCH_ATTR, ToMePatch, transformer_blocks
@@ -49,7 +49,7 @@ def _after_change(obj: Any, models: List[Any]) -> None:
     # Dynamo does not guard on module hooks: code compiled before a patch (or its removal) would
     # go on running the old hooks, so compiled code is dropped and recompiles on its next call.
     if models and _compiled(obj):
-        module_ops(framework_of(models[0])).reset_compiled()
+        host_ops(framework_of(models[0])).reset_compiled()
 
 
 def candidate_models(obj: Any) -> List[Any]:
@@ -88,9 +88,10 @@ def build_patches(obj: Any, args: Any) -> List[ToMePatch]:
             )
     patches = []
     for model in models:
-        host = module_ops(framework_of(model))
+        framework = framework_of(model)
+        host = host_ops(framework)
         if transformer_blocks(host, model):
-            patches.append(ToMePatch(model, args, host, host))
+            patches.append(ToMePatch(model, args, host, array_ops(framework)))
     if not patches:
         raise ValueError(
             f"found no transformer block ToMe knows ({KNOWN_BLOCKS}) in {type(obj).__name__}: nothing for ToMe to merge"
@@ -113,7 +114,7 @@ def installed_patches(obj: Any) -> List[ToMePatch]:
     """Every patch installed anywhere inside `obj`."""
     found = []
     for model in candidate_models(obj):
-        host = module_ops(framework_of(model))
+        host = host_ops(framework_of(model))
         for _, module in host.named_modules(model):
             patch = module.__dict__.get(PATCH_ATTR)
             if patch is not None and patch not in found:

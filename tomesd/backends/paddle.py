@@ -77,18 +77,14 @@ def _on(x: paddle.Tensor, like: paddle.Tensor) -> paddle.Tensor:
     return x if x.place == like.place else x.to(like.place)
 
 
-class PaddleBackend:
+class PaddleArrays:
+    """tome_core's array namespace on paddle tensors (tome_core.backend.Backend)."""
+
     name = "paddle"
-    # Where a layer keeps its forward hooks, and the flag tables keyed by the same hook ids.
-    hook_tables = (
-        ("_forward_pre_hooks", ("_forward_pre_hooks_with_kwargs_flag",)),
-        ("_forward_post_hooks", ("_forward_post_hooks_with_kwargs_flag", "_forward_post_hooks_always_called")),
-    )
 
     def __reduce__(self) -> str:
         return "backend"  # copies and pickles of patched models share the module's one instance
 
-    # ---- array ops (tome_core.backend.Backend) ----
     def no_grad(self):
         return paddle.no_grad()
 
@@ -175,7 +171,21 @@ class PaddleBackend:
             "ppdiffusers' bipartite_soft_matching_random2d): pass seed=<int> for a reproducible random dst"
         )
 
-    # ---- module ops (tomesd.adapters) ----
+
+class PaddleHost:
+    """What the adapters do to paddle modules beyond arrays: forward hooks, graph-compiler detection, the
+    grad mode, and the one host read a bare model's reuse_steps needs."""
+
+    name = "paddle"
+    # Where a layer keeps its forward hooks, and the flag tables keyed by the same hook ids.
+    hook_tables = (
+        ("_forward_pre_hooks", ("_forward_pre_hooks_with_kwargs_flag",)),
+        ("_forward_post_hooks", ("_forward_post_hooks_with_kwargs_flag", "_forward_post_hooks_always_called")),
+    )
+
+    def __reduce__(self) -> str:
+        return "host"  # copies and pickles of patched models share the module's one instance
+
     def is_compiling(self) -> bool:
         """Never: a hook that finds itself traced into a static program refuses (see _NO_AST).
 
@@ -206,4 +216,5 @@ class PaddleBackend:
         return module.register_forward_post_hook(LayerHook(hook), always_call=always_call)
 
 
-backend = PaddleBackend()
+backend = PaddleArrays()
+host = PaddleHost()

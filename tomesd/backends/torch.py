@@ -6,18 +6,14 @@ from typing import Any, Callable, Iterator, Sequence, Tuple
 import torch
 
 
-class TorchBackend:
+class TorchArrays:
+    """tome_core's array namespace on torch tensors (tome_core.backend.Backend)."""
+
     name = "torch"
-    # Where a module keeps its forward hooks, and the flag tables keyed by the same hook ids.
-    hook_tables = (
-        ("_forward_pre_hooks", ("_forward_pre_hooks_with_kwargs",)),
-        ("_forward_hooks", ("_forward_hooks_with_kwargs", "_forward_hooks_always_called")),
-    )
 
     def __reduce__(self) -> str:
         return "backend"  # copies and pickles of patched models share the module's one instance
 
-    # ---- array ops (tome_core.backend.Backend) ----
     def no_grad(self):
         return torch.no_grad()
 
@@ -96,7 +92,21 @@ class TorchBackend:
         draws = torch.randint(high, size=(*shape, 1), device=generator.device, generator=generator)
         return draws.reshape(-1).to(like.device)
 
-    # ---- module ops (tomesd.adapters) ----
+
+class TorchHost:
+    """What the adapters do to torch modules beyond arrays: forward hooks, graph-compiler detection, the
+    grad mode, and the one host read a bare model's reuse_steps needs."""
+
+    name = "torch"
+    # Where a module keeps its forward hooks, and the flag tables keyed by the same hook ids.
+    hook_tables = (
+        ("_forward_pre_hooks", ("_forward_pre_hooks_with_kwargs",)),
+        ("_forward_hooks", ("_forward_hooks_with_kwargs", "_forward_hooks_always_called")),
+    )
+
+    def __reduce__(self) -> str:
+        return "host"  # copies and pickles of patched models share the module's one instance
+
     def is_compiling(self) -> bool:
         return torch.compiler.is_compiling()
 
@@ -120,4 +130,5 @@ class TorchBackend:
         return module.register_forward_hook(hook, always_call=always_call)
 
 
-backend = TorchBackend()
+backend = TorchArrays()
+host = TorchHost()

@@ -10,12 +10,12 @@ def token_counter(model: Any, backend: str) -> Iterator[List[Tuple[str, int]]]:
     """(block name, tokens) self-attention attends over (its keys), per call, in call order. Counted
     at attn1.to_k, which runs inside the attention, so after any merge (ours, tomesd's or
     ppdiffusers') or downsampling of the keys."""
-    from ..adapters.frameworks import module_ops
-    from ..adapters.runtime import transformer_blocks
+    from ..adapters.frameworks import host_ops
     from ..adapters.kinds import block_kind
+    from ..adapters.runtime import transformer_blocks
 
-    ops = module_ops(backend)
-    blocks = {id(block) for block in transformer_blocks(ops, model)}
+    host = host_ops(backend)
+    blocks = {id(block) for block in transformer_blocks(host, model)}
     seen: List[Tuple[str, int]] = []
 
     def hook_for(name: str):
@@ -23,7 +23,7 @@ def token_counter(model: Any, backend: str) -> Iterator[List[Tuple[str, int]]]:
 
     handles = [
         getattr(block, block_kind(block).self_attention).to_k.register_forward_pre_hook(hook_for(name))
-        for name, block in ops.named_modules(model) if id(block) in blocks
+        for name, block in host.named_modules(model) if id(block) in blocks
     ]
     try:
         yield seen
