@@ -12,7 +12,7 @@ from .matching import (
 from .downsample import KVDownsample, compute_downsample
 from .rng import DEFAULT_SEED
 from .schedule import (
-    DOWNSAMPLE_METHODS, MODES, SITES, BlockPlan, ToMeArgs, block_grid, downsample_level, plan_block, plan_patch_block,
+    DOWNSAMPLE_METHODS, MODES, SITES, BlockPlan, ToMeArgs, block_grid, level_of, plan_grid_block, plan_level_block,
 )
 
 __all__ = [
@@ -37,12 +37,12 @@ __all__ = [
     "compute_shared_merges",
     "coordinate_partition",
     "do_nothing",
-    "downsample_level",
+    "level_of",
     "get_backend",
     "grid_partition",
     "num_cells",
-    "plan_block",
-    "plan_patch_block",
+    "plan_grid_block",
+    "plan_level_block",
     "register_backend",
     "registered_backends",
     "rng",

@@ -207,7 +207,7 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def downsample_level(latent_hw: Tuple[int, int], num_tokens: int) -> int:
+def level_of(latent_hw: Tuple[int, int], num_tokens: int) -> int:
     """ToMe for SD's estimate of how many times a block's grid is downsampled from the latent."""
     h, w = latent_hw
     return int(math.ceil(math.sqrt((h * w) // num_tokens)))
@@ -225,7 +225,7 @@ def block_grid(latent_hw: Tuple[int, int], num_tokens: int) -> Optional[Tuple[in
     h, w = latent_hw
     if num_tokens <= 0:
         return None
-    estimate = downsample_level(latent_hw, num_tokens)
+    estimate = level_of(latent_hw, num_tokens)
     for level in [estimate] + [1 << k for k in range(16)]:
         if level < 1:
             continue
@@ -255,7 +255,7 @@ def _site_r(args: "ToMeArgs", num_tokens: int, ratio: Optional[float] = None) ->
     return max(r for _, r in site_r), site_r
 
 
-def plan_block(
+def plan_level_block(
     args: ToMeArgs, latent_hw: Tuple[int, int], batch: int, num_tokens: int, finest_level: int,
     ratio: Optional[float] = None,
 ) -> Optional[BlockPlan]:
@@ -287,7 +287,7 @@ def plan_block(
     )
 
 
-def plan_patch_block(args: ToMeArgs, grid_hw: Tuple[int, int], batch: int, num_tokens: int, index: int,
+def plan_grid_block(args: ToMeArgs, grid_hw: Tuple[int, int], batch: int, num_tokens: int, index: int,
                      ratio: Optional[float] = None) -> Optional[BlockPlan]:
     """What block `index` of a diffusion transformer gets, or None when it is left alone.
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tome_core
-from tome_core import ToMeArgs, downsample_level, plan_block, rng
+from tome_core import ToMeArgs, level_of, plan_level_block, rng
 from tome_core.backend import backend_for_name, get_backend, register_backend, registered_backends
 from tome_core.rng import stream_key
 
@@ -169,20 +169,20 @@ def test_bad_arguments_are_refused(kwargs):
 
 def test_schedule_matches_tomesd_rule():
     args = ToMeArgs(ratio=0.5, max_downsample=2)
-    assert downsample_level((64, 64), 4096) == 1
-    assert downsample_level((64, 64), 1024) == 2
-    assert downsample_level((65, 63), 33 * 32) == 2
-    plan = plan_block(args, (65, 63), 2, 33 * 32, finest_level=1)
+    assert level_of((64, 64), 4096) == 1
+    assert level_of((64, 64), 1024) == 2
+    assert level_of((65, 63), 33 * 32) == 2
+    plan = plan_level_block(args, (65, 63), 2, 33 * 32, finest_level=1)
     assert (plan.h, plan.w, plan.r, plan.use_rand) == (33, 32, 528, True)
-    assert plan_block(args, (64, 64), 2, 256, finest_level=1) is None  # level 4 > 2
-    assert plan_block(args, (64, 64), 3, 4096, finest_level=1).use_rand is False  # odd batch
+    assert plan_level_block(args, (64, 64), 2, 256, finest_level=1) is None  # level 4 > 2
+    assert plan_level_block(args, (64, 64), 3, 4096, finest_level=1).use_rand is False  # odd batch
 
 
 def test_default_max_downsample_follows_finest_attention_level():
     args = ToMeArgs()  # max_downsample=None
-    assert plan_block(args, (128, 128), 2, 64 * 64, finest_level=2) is not None  # SDXL's top attention level
-    assert plan_block(args, (128, 128), 2, 32 * 32, finest_level=2) is None
-    assert plan_block(args, (64, 64), 2, 32 * 32, finest_level=1) is None  # SD1: as tomesd's default 1
+    assert plan_level_block(args, (128, 128), 2, 64 * 64, finest_level=2) is not None  # SDXL's top attention level
+    assert plan_level_block(args, (128, 128), 2, 32 * 32, finest_level=2) is None
+    assert plan_level_block(args, (64, 64), 2, 32 * 32, finest_level=1) is None  # SD1: as tomesd's default 1
 
 
 def test_stream_keys_differ_by_seed_and_counter():

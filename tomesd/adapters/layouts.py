@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Tuple
 
-from tome_core import block_grid, plan_block, plan_patch_block
+from tome_core import block_grid, plan_level_block, plan_grid_block
 
 from .roots import RootKind
 from .signatures import InputSpec
@@ -52,7 +52,7 @@ class Layout:
         return x
 
     def plan(self, args: Any, call: Any, batch: int, num_tokens: int, index: int) -> Any:
-        return plan_patch_block(args, (num_tokens, 1), batch, num_tokens, index, call.ratio)
+        return plan_grid_block(args, (num_tokens, 1), batch, num_tokens, index, call.ratio)
 
     def reuse_shape(self, call: Any, plan: Any, batch: int) -> tuple:
         """What a kept matching must have been computed for (besides the grid object itself)."""
@@ -72,7 +72,7 @@ class Levels(Layout):
             call.finest_level = None if grid is None else grid[0]
         if call.finest_level is None:
             return None
-        return plan_block(args, call.grid, batch, num_tokens, call.finest_level, call.ratio)
+        return plan_level_block(args, call.grid, batch, num_tokens, call.finest_level, call.ratio)
 
 
 class Patches(Layout):
@@ -84,7 +84,7 @@ class Patches(Layout):
         return shape[-2] // self.patch_size, shape[-1] // self.patch_size
 
     def plan(self, args: Any, call: Any, batch: int, num_tokens: int, index: int) -> Any:
-        return plan_patch_block(args, call.grid, batch, num_tokens, index, call.ratio)
+        return plan_grid_block(args, call.grid, batch, num_tokens, index, call.ratio)
 
 
 class _Coordinates(Layout):

@@ -39,13 +39,13 @@ def counts(seen: List[Tuple[str, int]]) -> List[int]:
 def tokens_per_level(latent: "int | Tuple[int, int]", before: List[int], after: List[int]) -> Dict[str, List[int]]:
     """Self-attention tokens summed per downsample level of a latent (a side, or (height, width)):
     {level: [without ToMe, with ToMe]}."""
-    from tome_core import downsample_level
+    from tome_core import level_of
 
     latent_hw = (latent, latent) if isinstance(latent, int) else tuple(latent)
     levels: Dict[str, List[int]] = {}
     for n_before, n_after in zip(before, after):
         # A video transformer's sequence holds every frame, more tokens than one frame's latent: level 0.
-        level = downsample_level(latent_hw, n_before) if n_before <= latent_hw[0] * latent_hw[1] else 0
+        level = level_of(latent_hw, n_before) if n_before <= latent_hw[0] * latent_hw[1] else 0
         entry = levels.setdefault(str(level), [0, 0])
         entry[0] += n_before
         entry[1] += n_after
