@@ -115,3 +115,28 @@ def count_host_reads(fn):
     with OpCounter() as counter:
         out = fn()
     return out, counter.ops[HOST_READ]
+
+
+def around_the_patch(modules, patch, run, output=False):
+    """(before, after): the first tensor entering each of `modules` (or, with `output`, the first of its
+    output) as the patch's own hook on it receives it and as it leaves that hook, over one `run()` under
+    `patch()`. Probe hooks are registered first (prepend) and after the patch's, and all removed."""
+    import tomesd
+
+    seen, handles = {"before": [], "after": []}, []
+
+    def probe(key):
+        if output:
+            return lambda m, a, out: seen[key].append(out[0] if isinstance(out, tuple) else out)
+        return lambda m, a: seen[key].append(a[0])
+
+    register = "register_forward_hook" if output else "register_forward_pre_hook"
+    handles += [getattr(m, register)(probe("before"), prepend=True) for m in modules]
+    patch()
+    handles += [getattr(m, register)(probe("after")) for m in modules]
+    try:
+        run()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen["before"], seen["after"]

@@ -7,8 +7,8 @@ import torch
 import tiny_torch as T
 import tomesd
 from probes import (
-    OpCounter, assert_checkpointing_keeps_loss_and_gradients, assert_loop_compiles_once_and_equals_eager,
-    assert_patch_equals_hooks_by_hand,
+    OpCounter, around_the_patch, assert_checkpointing_keeps_loss_and_gradients,
+    assert_loop_compiles_once_and_equals_eager, assert_patch_equals_hooks_by_hand,
 )
 from tome_core import compute_shared_merge, get_backend
 
@@ -63,20 +63,14 @@ def test_the_feed_forward_keeps_the_text_rows_of_its_joined_input_as_they_are(mo
     model = models[version]
     inputs = T.cogvideox_inputs(model)
     n = (4 // (2 if version == "1.5" else 1)) * 16
-    seen, handles = {"before": [], "after": []}, []
-    for block in model.transformer_blocks:  # before the patch's own pre-hook on ff, and after it
-        handles.append(block.ff.register_forward_pre_hook(lambda m, a: seen["before"].append(a[0]), prepend=True))
-    tomesd.apply_patch(model, ratio=0.5, merge_mlp=True)
-    for block in model.transformer_blocks:
-        handles.append(block.ff.register_forward_pre_hook(lambda m, a: seen["after"].append(a[0])))
     try:
-        T.run_cogvideox(model, inputs)
+        befores, afters = around_the_patch([block.ff for block in model.transformer_blocks],
+                                           lambda: tomesd.apply_patch(model, ratio=0.5, merge_mlp=True),
+                                           lambda: T.run_cogvideox(model, inputs))
     finally:
         tomesd.remove_patch(model)
-        for handle in handles:
-            handle.remove()
-    assert len(seen["before"]) == len(seen["after"]) == 2
-    for before, after in zip(seen["before"], seen["after"]):
+    assert len(befores) == len(afters) == 2
+    for before, after in zip(befores, afters):
         assert before.shape[1] == 6 + n and after.shape[1] == 6 + n - n // 2
         assert torch.equal(after[:, :6], before[:, :6])
 

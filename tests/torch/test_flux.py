@@ -8,7 +8,7 @@ import torch
 import tiny_torch as T
 import tomesd
 from probes import (
-    assert_checkpointing_keeps_loss_and_gradients, assert_loop_compiles_once_and_equals_eager,
+    around_the_patch, assert_checkpointing_keeps_loss_and_gradients, assert_loop_compiles_once_and_equals_eager,
     assert_patch_equals_hooks_by_hand,
 )
 from tome_core import compute_shared_merge, coordinate_partition, get_backend, grid_partition, rng
@@ -65,20 +65,14 @@ def test_single_blocks_keep_the_text_rows_of_the_joined_sequence_as_they_are(mod
     """A single block's norm output is [text, image]: after the merge its text rows are those rows bit for
     bit (not merged, averaged or reordered) and only the image part shrinks."""
     inputs = T.flux_inputs(h=6, w=10)
-    seen, handles = {"before": [], "after": []}, []
-    for block in model.single_transformer_blocks:  # before the patch's own hook on norm, and after it
-        handles.append(block.norm.register_forward_hook(lambda m, a, out: seen["before"].append(out[0]), prepend=True))
-    tomesd.apply_patch(model, ratio=0.5)
-    for block in model.single_transformer_blocks:
-        handles.append(block.norm.register_forward_hook(lambda m, a, out: seen["after"].append(out[0])))
     try:
-        run(model, inputs)
+        befores, afters = around_the_patch([block.norm for block in model.single_transformer_blocks],
+                                           lambda: tomesd.apply_patch(model, ratio=0.5), lambda: run(model, inputs),
+                                           output=True)
     finally:
         tomesd.remove_patch(model)
-        for handle in handles:
-            handle.remove()
-    assert len(seen["before"]) == len(seen["after"]) == 2
-    for before, after in zip(seen["before"], seen["after"]):
+    assert len(befores) == len(afters) == 2
+    for before, after in zip(befores, afters):
         assert before.shape[1] == 5 + 60 and after.shape[1] == 5 + 30
         assert torch.equal(after[:, :5], before[:, :5])
         assert (after[:, 5:].mean(1) - before[:, 5:].mean(1)).abs().max() > 1e-3  # the image part did merge
