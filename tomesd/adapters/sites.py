@@ -100,12 +100,16 @@ def unmerge_output(hook: SiteHook, flag: str, positions: Tuple[int, ...], output
     return hook._timed("unmerge", unmerge, output)
 
 
-class SpanStart(SiteHook):
-    """A span's start: the image tokens (the last N) of this sub-layer's output merge."""
+class _SpanHook(SiteHook):
+    """A hook of one span of a block (kinds.Span)."""
 
     def __init__(self, patch: Any, index: int, span: Span) -> None:
         super().__init__(patch, index)
         self.span = span
+
+
+class SpanStart(_SpanHook):
+    """A span's start: the image tokens (the last N) of this sub-layer's output merge."""
 
     def post(self, module: Any, args: tuple, output: Any) -> Any:
         merge = self.patch.site_merge(self.index, self.span.flag)
@@ -124,21 +128,15 @@ class SpanStart(SiteHook):
         return tuple(merged if i == position else item for i, item in enumerate(output))
 
 
-class SpanEnd(SiteHook):
-    def __init__(self, patch: Any, index: int, span: Span) -> None:
-        super().__init__(patch, index)
-        self.span = span
+class SpanEnd(_SpanHook):
+    """A span's end: its image output unmerges."""
 
     def post(self, module: Any, args: tuple, output: Any) -> Any:
         return unmerge_output(self, self.span.flag, (), output)
 
 
-class SpanRotary(SiteHook):
+class SpanRotary(_SpanHook):
     """Inside a span: the attention's rotary rows follow the merged tokens."""
-
-    def __init__(self, patch: Any, index: int, span: Span) -> None:
-        super().__init__(patch, index)
-        self.span = span
 
     def pre(self, module: Any, args: tuple, kwargs: dict) -> Any:
         merge = self.patch.site_merge(self.index, self.span.flag)
