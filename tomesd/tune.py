@@ -166,8 +166,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
 
 
-def _model_measure(args: argparse.Namespace, kit: Any) -> Tuple[Callable, Callable, bool]:
-    """(time_once, psnr_of, is_transformer) for a bare model built from its config."""
+def _model_measure(args: argparse.Namespace, kit: Any, timer: Callable[[], float] = time.perf_counter,
+                   on_model: Optional[Callable[[Any], None]] = None) -> Tuple[Callable, Callable, bool]:
+    """(time_once, psnr_of, is_transformer) for a bare model built from its config; `timer` times the forwards."""
     import tomesd
 
     from .bench.configs import ARCHS
@@ -175,6 +176,8 @@ def _model_measure(args: argparse.Namespace, kit: Any) -> Tuple[Callable, Callab
     config = args.config or {"sd1": "sd15"}.get(args.arch, args.arch)
     arch = ARCHS[config]
     model = kit.build(config, args.seed, args.depth)
+    if on_model is not None:
+        on_model(model)
     height, width = args.res
     inputs = kit.inputs(config, args.batch, height, args.seed + 1, args.frames or arch.frames or 16,
                         width if width != height else None)
@@ -184,10 +187,10 @@ def _model_measure(args: argparse.Namespace, kit: Any) -> Tuple[Callable, Callab
             tomesd.apply_patch(model, **kwargs)
         try:
             kit.sync()
-            start = time.perf_counter()
+            start = timer()
             kit.forward(model, inputs)
             kit.sync()
-            return time.perf_counter() - start
+            return timer() - start
         finally:
             if kwargs:
                 tomesd.remove_patch(model)
@@ -196,14 +199,17 @@ def _model_measure(args: argparse.Namespace, kit: Any) -> Tuple[Callable, Callab
     return time_once, None, arch.transformer
 
 
-def _pipeline_measure(args: argparse.Namespace, kit: Any) -> Tuple[Callable, Callable, bool, float]:
+def _pipeline_measure(args: argparse.Namespace, kit: Any, timer: Callable[[], float] = time.perf_counter,
+                      on_model: Optional[Callable[[Any], None]] = None) -> Tuple[Callable, Callable, bool, float]:
     """(time_once, psnr_of, is_transformer, floor PSNR) for a local pipeline: every prompt once, from the
-    baseline's noise; a setting's closeness is that of the images its last timing made."""
+    baseline's noise; a setting's closeness is that of the images its last timing made. `timer` times the runs."""
     import tomesd
 
     from .bench import pipeline as P
 
     pipe = P.load(args.model, kit)
+    if on_model is not None:
+        on_model(pipe)
     pipe.set_progress_bar_config(disable=True)
     prompts = P.read_prompts(args.prompts)
     height, width = args.res
@@ -221,10 +227,10 @@ def _pipeline_measure(args: argparse.Namespace, kit: Any) -> Tuple[Callable, Cal
             tomesd.apply_patch(pipe, **kwargs)
         try:
             kit.sync()
-            start = time.perf_counter()
+            start = timer()
             last["images"] = images()
             kit.sync()
-            return (time.perf_counter() - start) / len(prompts)
+            return (timer() - start) / len(prompts)
         finally:
             if kwargs:
                 tomesd.remove_patch(pipe)
@@ -236,7 +242,12 @@ def _pipeline_measure(args: argparse.Namespace, kit: Any) -> Tuple[Callable, Cal
     return time_once, (lambda kwargs: P.closeness(last["images"], base)["psnr"]), transformer, floor
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, *, timer: Callable[[], float] = time.perf_counter,
+        clock: Callable[[], float] = time.monotonic, on_model: Optional[Callable[[Any], None]] = None) -> int:
+    """The command. `timer` times each forward (or pipeline run) and `clock` keeps --budget; `on_model` is
+    called with the model built (or the pipeline loaded) before its first forward. Tests pass one virtual
+    clock for both and, through `on_model`, a hook that advances it: their timings are exact whatever the
+    machine's speed or load."""
     from .bench.kits import MissingBackend, make_kit
 
     try:
@@ -261,12 +272,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     floor = None
     if args.model is None:
-        time_once, psnr_of, transformer = _model_measure(args, kit)
+        time_once, psnr_of, transformer = _model_measure(args, kit, timer, on_model)
     else:
-        time_once, psnr_of, transformer, floor = _pipeline_measure(args, kit)
+        time_once, psnr_of, transformer, floor = _pipeline_measure(args, kit, timer, on_model)
     min_psnr = args.min_psnr if args.min_psnr is not None else floor
     plan = families(transformer, loop=args.model is not None)
-    result = search(time_once, psnr_of, plan, args.repeats, args.budget, min_psnr)
+    result = search(time_once, psnr_of, plan, args.repeats, args.budget, min_psnr, clock)
     result.floor_psnr = floor
     what = args.model or f"{args.config or args.arch} (random weights, speed only)"
     print(f"tomesd tune: {what}, {args.res[0]}x{args.res[1]}, {kit.name} on {args.device}; "

@@ -1,73 +1,153 @@
 """`python -m tomesd tune`: the search picks the setting that is really fastest, prunes, says when nothing
-pays, and honours the closeness threshold. Timings are made on purpose (sleeps, or a table), never asserted
-of the machine."""
+pays, honours the noise and the closeness threshold, and keeps its budget. Timings are made on purpose, never
+asserted of the machine: the command runs on a virtual clock that only a forward's pre-hook advances, by the
+seconds the test gives that forward, so every timing is exact whatever the machine's speed or load."""
 import argparse
-import time
+import itertools
 
 import pytest
 
 from tomesd import tune
 
 
-def run_tune(argv):
+class VirtualClock:
+    """Seconds that pass only when a hook says so: the tuner's timer and its --budget both read it."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def run_tune(argv, delay=lambda args: 1.0, part=lambda model: model):
+    """The command on a virtual clock: every forward of `part(model)` (the model the tuner builds, or a part of
+    the pipeline it loads) takes `delay(patch args, or None unpatched)` virtual seconds, and nothing else
+    does. Returns the exit status."""
     parser = argparse.ArgumentParser()
     tune.add_arguments(parser)
-    return tune.run(parser.parse_args(argv))
+    clock = VirtualClock()
 
-
-@pytest.fixture
-def slow_on_purpose(monkeypatch):
-    """The tiny UNet the tuner builds sleeps `delay(patch args or None)` seconds per forward: the fixture's
-    timings dwarf the model's own few milliseconds."""
-    from tomesd.bench.kits import TorchKit
-
-    build = TorchKit.build
-    state = {"delay": lambda args: 0.0}
-
-    def slow_build(self, *a, **k):
-        model = build(self, *a, **k)
-
-        def sleep(module, args):
+    def on_model(model):
+        def advance(module, inputs):
             patch = module.__dict__.get("_tome_patch")
-            time.sleep(state["delay"](None if patch is None else patch.args))
+            clock.now += delay(None if patch is None else patch.args)
 
-        model.register_forward_pre_hook(sleep)
-        return model
+        part(model).register_forward_pre_hook(advance)
 
-    monkeypatch.setattr(TorchKit, "build", slow_build)
-    return state
+    return tune.run(parser.parse_args(argv), timer=clock, clock=clock, on_model=on_model)
 
 
-TINY = ["--config", "tiny", "--res", "64", "--repeats", "2", "--budget", "120"]
+def is_downsample(args, factor, method="nearest"):
+    return args.mode == "downsample" and args.downsample_method == method and args.downsample_factor == factor
 
 
-def test_the_tuner_picks_the_setting_made_fast_and_prunes(slow_on_purpose, capsys):
-    """The baseline sleeps 0.2 s per forward, nearest downsampling by 2 sleeps 0.1 s, every other setting 0.3 s:
-    the tuner names downsampling by 2, drops each family whose mildest setting gains nothing, stops the
+def table_rows(out):
+    """The report's rows as {setting: (speed-up, PSNR, outcome)}, in the order measured."""
+    rows = {}
+    for line in out.splitlines():
+        if line.startswith("| ") and "speed-up" not in line:
+            name, speedup, psnr, outcome = line.strip("| ").split(" | ")
+            rows[name] = (speedup, psnr, outcome)
+    return rows
+
+
+TINY = ["--config", "tiny", "--res", "64", "--repeats", "2", "--budget", "100000"]
+UNET_SETTINGS = sum(len(settings) for _, settings in tune.families(transformer=False, loop=False))
+
+
+def test_the_tuner_picks_the_setting_made_fast_and_prunes(capsys):
+    """The baseline takes 2 s per forward, nearest downsampling by 2 takes 1 s, every other setting 3 s: the
+    tuner names downsampling by 2, drops each family whose mildest setting gains nothing, stops the
     downsampling family at its first setting that is no faster, and so measures fewer settings than it knows."""
     def delay(args):
         if args is None:
-            return 0.2
-        return 0.1 if args.mode == "downsample" and args.downsample_method == "nearest" and \
-            args.downsample_factor == 2 else 0.3
+            return 2.0
+        return 1.0 if is_downsample(args, 2) else 3.0
 
-    slow_on_purpose["delay"] = delay
-    assert run_tune(TINY) == 0
+    assert run_tune(TINY, delay) == 0
     out = capsys.readouterr().out
-    assert "fastest here: tomesd.apply_patch(model, mode='downsample', downsample_factor=2)" in out, out
+    assert "fastest here: tomesd.apply_patch(model, mode='downsample', downsample_factor=2)  (2.00x" in out, out
     assert "quality was not priced" in out
-    measured = [line for line in out.splitlines() if line.startswith("| ") and "speed-up" not in line]
-    total = sum(len(settings) for _, settings in tune.families(transformer=False, loop=False))
-    assert len(measured) < total
-    assert "| ratio=0.25 |" in out and "| ratio=0.5 |" not in out  # merge gained nothing at 0.25: family dropped
+    assert "noise: 0.0%" in out  # the virtual clock is exact
+    rows = table_rows(out)
+    assert rows == {
+        "ratio=0.25": ("0.67x", "-", "no gain"),  # merge gained nothing at 0.25: family dropped
+        "ratio=0.5, max_downsample=2": ("0.67x", "-", "no gain"),
+        "mode='downsample', downsample_factor=2": ("2.00x", "-", "kept"),
+        "mode='downsample', downsample_factor=3": ("0.67x", "-", "no faster than the milder one"),
+        "mode='downsample', downsample_method='avg', downsample_factor=2": ("0.67x", "-", "no gain"),
+    }, out
+    assert len(rows) < UNET_SETTINGS
 
 
-def test_the_tuner_says_when_nothing_pays(slow_on_purpose, capsys):
-    slow_on_purpose["delay"] = lambda args: 0.2 if args is None else 0.3  # every setting slower than the baseline
-    assert run_tune(TINY) == 0
+def test_the_tuner_names_the_fastest_kept_setting_not_the_last(capsys):
+    """Three settings are kept, in three families: merging 0.25 (1.33x), merging 0.5 at two levels (4x) and
+    downsampling by 2 (2x), measured in that order. The tuner names the 4x one, neither the first nor the
+    last kept."""
+    def delay(args):
+        if args is None:
+            return 4.0
+        if args.mode == "merge" and args.max_downsample == 2:
+            return 1.0
+        if args.mode == "merge":
+            return 3.0
+        return 2.0 if is_downsample(args, 2) or is_downsample(args, 3) else 4.0
+
+    assert run_tune(TINY, delay) == 0
+    out = capsys.readouterr().out
+    rows = table_rows(out)
+    kept = [(name, speedup) for name, (speedup, _, outcome) in rows.items() if outcome == "kept"]
+    assert kept == [("ratio=0.25", "1.33x"), ("ratio=0.5, max_downsample=2", "4.00x"),
+                    ("mode='downsample', downsample_factor=2", "2.00x")], out
+    assert "fastest here: tomesd.apply_patch(model, ratio=0.5, max_downsample=2)  (4.00x" in out, out
+    # each family stopped at its first setting no faster than the one before
+    assert rows["ratio=0.5"][2] == rows["ratio=0.75, max_downsample=2"][2] == \
+        rows["mode='downsample', downsample_factor=3"][2] == "no faster than the milder one", out
+
+
+def test_the_tuner_says_when_nothing_pays(capsys):
+    assert run_tune(TINY, lambda args: 2.0 if args is None else 3.0) == 0  # every setting slower than the baseline
     out = capsys.readouterr().out
     assert "no setting is faster than the baseline by more than the noise here" in out
     assert "fastest here" not in out
+    assert {outcome for _, _, outcome in table_rows(out).values()} == {"no gain"}
+
+
+def test_a_gain_within_the_noise_does_not_count(capsys):
+    """The baseline's forwards take 9, 10, 11, 9, ... s (three robust standard deviations: 44% of its median):
+    merging 0.25 at 8 s gains 25%, more than MIN_GAIN but within the noise, so the merge family is dropped;
+    downsampling by 2 at 4 s (about 2.4x) clears it and is named."""
+    baseline = itertools.cycle([9.0, 10.0, 11.0])
+
+    def delay(args):
+        if args is None:
+            return next(baseline)
+        if args.mode == "merge" and args.ratio == 0.25 and args.max_downsample in (None, 1):
+            return 8.0
+        return 4.0 if is_downsample(args, 2) else 12.0
+
+    assert run_tune(TINY, delay) == 0
+    out = capsys.readouterr().out
+    noise = float(out.split("noise: ")[1].split("%")[0]) / 100
+    assert noise > 0.3, out
+    rows = table_rows(out)
+    assert 1 + tune.MIN_GAIN < float(rows["ratio=0.25"][0].rstrip("x")) < 1 + noise, out
+    assert rows["ratio=0.25"][2] == "no gain", out
+    assert "fastest here: tomesd.apply_patch(model, mode='downsample', downsample_factor=2)" in out, out
+
+
+def test_the_budget_runs_on_the_tuners_clock(capsys):
+    """--budget 50 with 10 s baseline forwards and 5 s patched ones, two pairs per setting: the first timing
+    ends at 10 s, the first setting at 40 s, the second (no faster: the family stops) at 70 s, past the budget,
+    so no further family is tried, however fast the machine really ran."""
+    argv = ["--config", "tiny", "--res", "64", "--repeats", "2", "--budget", "50"]
+    assert run_tune(argv, lambda args: 10.0 if args is None else 5.0) == 0
+    out = capsys.readouterr().out
+    assert table_rows(out) == {"ratio=0.25": ("2.00x", "-", "kept"),
+                               "ratio=0.5": ("2.00x", "-", "no faster than the milder one")}, out
+    assert "the time budget ran out before every family was tried" in out
+    assert f"2 of {UNET_SETTINGS} settings measured" in out
 
 
 def _table_search(speed, psnr, min_psnr=None, budget=1e9, plan=None, clock=None):
@@ -119,36 +199,31 @@ def test_bad_input_gets_a_clear_error(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_tune_on_a_local_pipeline_prices_closeness_against_the_floor(tmp_path, monkeypatch, capsys):
+def test_tune_on_a_local_pipeline_prices_closeness_against_the_floor(tmp_path, capsys):
     """--model: each setting's images are compared with the unpatched ones from the same noise; the default
     threshold is the floor (the unpatched images from other noise), and the pick is the fastest setting
-    above it, as the call on the pipeline. Every UNet call sleeps 0.1 s unless keys are downsampled."""
+    above it, as the call on the pipeline. Every UNet call takes 2 s, 1 s when keys are downsampled."""
     import tiny_torch as T
-    from tomesd.bench import pipeline as P
 
     folder = tmp_path / "pipe"
     T.sd_pipeline(tmp_path).save_pretrained(folder)
-    load = P.load
-
-    def slow_load(path, kit):
-        pipe = load(path, kit)
-
-        def sleep(module, args):
-            patch = module.__dict__.get("_tome_patch")
-            time.sleep(0.0 if patch is not None and patch.args.mode == "downsample" else 0.1)
-
-        pipe.unet.register_forward_pre_hook(sleep)
-        return pipe
-
-    monkeypatch.setattr(P, "load", slow_load)
     prompts = tmp_path / "p.txt"
     prompts.write_text("a cat\na dog\n")
-    assert run_tune(["--model", str(folder), "--prompts", str(prompts), "--res", "32", "--steps", "3",
-                     "--repeats", "2"]) == 0
+    argv = ["--model", str(folder), "--prompts", str(prompts), "--res", "32", "--steps", "3", "--repeats", "2"]
+    assert run_tune(argv, lambda args: 1.0 if args is not None and args.mode == "downsample" else 2.0,
+                    part=lambda pipe: pipe.unet) == 0
     out = capsys.readouterr().out
     floor = float(out.split("lie at ")[1].split(" dB")[0])
     threshold = float(out.split("threshold ")[1].split(" dB")[0])
     assert threshold == floor
-    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| mode='downsample'")]
-    assert rows and all(float(r[2]) > 0 for r in rows if r[3].strip(" |") in ("kept", "too far"))
+    assert "noise: 0.0%" in out
+    rows = table_rows(out)
+    downsampled = {name: row for name, row in rows.items() if name.startswith("mode='downsample'")}
+    assert downsampled and all(float(psnr) > 0 for _, psnr, outcome in downsampled.values()
+                               if outcome in ("kept", "too far")), out
+    for speedup, psnr, outcome in rows.values():  # the threshold decides, once a setting is faster
+        if outcome == "kept":
+            assert float(psnr) >= threshold and speedup == "2.00x", out
+        if outcome == "too far":
+            assert float(psnr) < threshold, out
     assert "fastest here: tomesd.apply_patch(pipe, mode='downsample'" in out
