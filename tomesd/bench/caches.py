@@ -21,7 +21,7 @@ class Cache:
     # Denoiser classes on which diffusers 0.42 itself fails with this cache, and why.
     fails_on: Dict[str, str]
     # It keeps sub-layer outputs across steps (inside blocks): ToMe's merge mode refuses it (see
-    # adapters.hooks), so it stacks with downsampling only.
+    # adapters.guards), so it stacks with downsampling only.
     inside_blocks: bool = False
 
 
