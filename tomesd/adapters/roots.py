@@ -17,7 +17,7 @@ from .frameworks import class_names
 class RootKind:
     family: str  # what users call it
     classes: Tuple[str, ...]  # class names in the root's ancestry
-    layout: str  # "levels" | "patches" | "ids" | "spacetime" (layouts.LAYOUTS)
+    layout: str  # "levels" | "patches" | "patchgrid" | "ids" | "spacetime" (layouts.py)
     suffix: bool = False  # also match classes whose names end with one of `classes`
     video: bool = False  # "levels": a 5-D latent whose frames ride in the spatial blocks' batch
     frame_axis: Optional[int] = None  # "spacetime": the latent's frame axis
@@ -43,6 +43,11 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
              supported="the CogVideoX video transformer (torch)"),
     RootKind("ChronoEdit", ("ChronoEditTransformer3DModel",), "spacetime", frame_axis=2,
              supported="the ChronoEdit video transformer (torch)"),
+    # ComfyUI's own model code (Black Forest Labs' Flux layout, as in Forge and InvokeAI; Stability's MMDiT;
+    # Wan's): each patchifies (and pads) its latent inside, Flux with rotary rows shared by the batch.
+    RootKind("Flux (ComfyUI)", ("Flux",), "patchgrid", supported="ComfyUI's Flux (comfy.ldm.flux.model.Flux)"),
+    RootKind("SD3 (ComfyUI)", ("MMDiT",), "patches", supported="ComfyUI's SD3 / SD3.5 MMDiT"),
+    RootKind("Wan (ComfyUI)", ("WanModel",), "spacetime", frame_axis=2, supported="ComfyUI's Wan (comfy.ldm.wan.model.WanModel)"),
     # Denoisers that patchify their latent once: SD3Transformer2DModel, PixArtTransformer2DModel,
     # DiTTransformer2DModel, ppdiffusers' Transformer2DModel (PixArt, DiT), SD3ControlNetModel.
     RootKind("diffusion transformer", ("Transformer2DModel", "SD3ControlNetModel"), "patches", suffix=True,

@@ -16,7 +16,7 @@ from typing import Any, List, Optional
 
 from . import guards
 from .calls import BlockMerge, CallStacks, CallState, Replay
-from .kinds import BlockKind, block_kind, in_temporal_container
+from .kinds import BlockKind, block_kind, in_temporal_container, sublayer
 from .layouts import layout_of
 from .matcher import Matcher
 from .observe import CallWatch
@@ -74,6 +74,7 @@ class ToMePatch:
         self.root, self.args, self.host, self.xp = root, args, host, xp
         self.clock: Any = None  # a clock.StepClock when a pipeline was patched with reuse_steps > 1 or a schedule
         self.slot = 0  # this denoiser's place among its pipeline's (the clock's keys)
+        self.host_ratio: Optional[float] = None  # a scheduled ratio the host's loop set for its next call (ComfyUI)
         self.blocks = transformer_blocks(host, root)
         self.kinds: List[BlockKind] = [block_kind(block) for block in self.blocks]
         self.kind_names = [type(block).__name__ for block in self.blocks]
@@ -105,18 +106,24 @@ class ToMePatch:
     def validate(self) -> None:
         guards.validate(self)
 
-    def install(self) -> None:
+    def install(self, mark: bool = True) -> None:
+        """Hook the root and the blocks; with `mark`, the root names its patch (PATCH_ATTR), as a patch that
+        stays does. A host that installs for one call only (ComfyUI: comfy.py) leaves the root unmarked.
+        `detach` undoes the hooks."""
         host, root_hooks = self.host, RootHooks(self)
         self._hook(self.root, host.add_pre_hook, root_hooks.pre)
         self._hook(self.root, functools.partial(host.add_post_hook, always_call=True), root_hooks.post)
         for index, (block, kind) in enumerate(zip(self.blocks, self.kinds)):
-            entry = BlockEntry(self, index, InputSpec.find(block, kind.tokens, first_positional=True))
-            self._hook(block, host.add_pre_hook, entry.pre)
+            tokens = (InputSpec(kind.tokens[0], kind.token_position) if kind.token_position is not None
+                      else InputSpec.find(block, kind.tokens, first_positional=True))
+            entry_hook = BlockEntry(self, index, tokens)
+            self._hook(block, host.add_pre_hook, entry_hook.pre)
             if self.args.mode == "downsample":
                 self._install_downsample(index, block, kind)
             else:
                 self._install_merge(index, block, kind)
-        setattr(self.root, PATCH_ATTR, self)
+        if mark:
+            setattr(self.root, PATCH_ATTR, self)
 
     def _install_downsample(self, index: int, block: Any, kind: BlockKind) -> None:
         host = self.host
@@ -147,24 +154,31 @@ class ToMePatch:
             self._hook(sub, host.add_pre_hook, hook.pre)
             self._hook(sub, host.add_post_hook, hook.post)
         for span in kind.spans:
-            start, end = getattr(block, span.start, None), getattr(block, span.end, None)
-            if start is None or end is None or not getattr(self.args, span.flag):
+            start = sublayer(block, span.start)
+            ends = [end for end in (sublayer(block, path) for path in span.ends) if end is not None]
+            if start is None or not ends or not getattr(self.args, span.flag):
                 continue
             self._hook(start, host.add_post_hook, SpanStart(self, index, span).post)
-            self._hook(end, host.add_post_hook, SpanEnd(self, index, span).post)
-            inner = getattr(block, span.rotary_at, None) if span.rotary_at else None
-            if inner is not None:
-                self._hook(inner, host.add_pre_hook, SpanRotary(self, index, span).pre)
+            for end in ends:
+                self._hook(end, host.add_post_hook, SpanEnd(self, index, span).post)
+            inner = sublayer(block, span.rotary_at) if span.rotary_at is not None else None
+            if inner is not None:  # after the block's entry hook, when that is the block itself
+                spec = InputSpec.find(inner, (span.rotary,), first_positional=False) or InputSpec(span.rotary, None)
+                self._hook(inner, host.add_pre_hook, SpanRotary(self, index, span, spec).pre)
 
     def _hook(self, module: Any, register: Any, hook: Any) -> None:
         register(module, hook)
         if not any(m is module for m in self._hooked):
             self._hooked.append(module)
 
-    def remove(self) -> None:
+    def detach(self) -> None:
+        """Take this patch's hooks off (what it keeps across calls stays)."""
         for module in self._hooked:
             remove_owned_hooks(self.host, module, self)
         self._hooked.clear()
+
+    def remove(self) -> None:
+        self.detach()
         self.replay.clear()
         self.matcher.reset()  # drops kept matches of every thread
         self.clock = None  # the pipeline's clock (targets.remove detaches it from the scheduler)
@@ -188,6 +202,8 @@ class ToMePatch:
             if not host.is_compiling():
                 self.clock.follow()
             call.ratio = self.clock.ratio  # a float set on the host as the step began
+        elif self.host_ratio is not None:
+            call.ratio = self.host_ratio
         if self.matcher.steps_reused > 1 and not host.grad_enabled():  # training never reuses (see matcher)
             if self.clock is None:
                 call.step = self.matcher.denoising_step(call.timestep)

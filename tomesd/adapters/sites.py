@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Optional, Tuple
 
 from .guards import FUSED_QKV, MASKED_DOWNSAMPLE, MASKED_SELF_ATTENTION, fused, refuse_step_cache_inside
-from .kinds import Span, Sublayer
+from .kinds import Span, Sublayer, sublayer
 from .signatures import InputSpec
 
 
@@ -69,8 +69,7 @@ class MergeSite(SiteHook):
         if self.rotary is not None:
             rows = self.rotary.get(args, kwargs)
             if rows is not None:
-                axis = self.layer.rotary_axis
-                args, kwargs = self.rotary.replace(args, kwargs, tuple(merge.gather_rows(t, axis) for t in rows))
+                args, kwargs = self.rotary.replace(args, kwargs, gather_rotary(merge, rows, self.layer.rotary_axis))
         if self.self_attention and kwargs.get("attention_mask") is not None:
             raise ValueError(MASKED_SELF_ATTENTION)
         # The image tokens, or a sequence ending with them (CogVideoX's feed-forward sees [text, image]).
@@ -81,6 +80,13 @@ class MergeSite(SiteHook):
 
     def post(self, module: Any, args: tuple, output: Any) -> Any:
         return unmerge_output(self, self.layer.flag, self.layer.outputs, output)
+
+
+def gather_rotary(merge: Any, rows: Any, axis: int) -> Any:
+    """Rotary rows (one table, or a tuple of them such as (cos, sin)) following the merged tokens."""
+    if isinstance(rows, (tuple, list)):
+        return tuple(merge.gather_rows(table, axis) for table in rows)
+    return merge.gather_rows(rows, axis)
 
 
 def unmerge_output(hook: SiteHook, flag: str, positions: Tuple[int, ...], output: Any) -> Any:
@@ -116,7 +122,7 @@ class SpanStart(_SpanHook):
         if merge is None:
             return None
         if not self.patch.host.is_compiling():
-            inner = getattr(self.patch.blocks[self.index], self.patch.kinds[self.index].self_attention, None)
+            inner = sublayer(self.patch.blocks[self.index], self.span.attention)
             if inner is not None:
                 refuse_step_cache_inside(inner)  # a cache applied after the patch
         position = self.span.start_output
@@ -136,14 +142,19 @@ class SpanEnd(_SpanHook):
 
 
 class SpanRotary(_SpanHook):
-    """Inside a span: the attention's rotary rows follow the merged tokens."""
+    """Inside a span: the attention's rotary rows follow the merged tokens (given to the attention, or to the
+    block itself where attention is a function)."""
+
+    def __init__(self, patch: Any, index: int, span: Span, spec: InputSpec) -> None:
+        super().__init__(patch, index, span)
+        self.spec = spec
 
     def pre(self, module: Any, args: tuple, kwargs: dict) -> Any:
         merge = self.patch.site_merge(self.index, self.span.flag)
-        rotary = self.span.rotary
-        if merge is None or kwargs.get(rotary) is None:
+        rows = self.spec.get(args, kwargs)
+        if merge is None or rows is None:
             return None
-        return args, {**kwargs, rotary: tuple(merge.gather_rows(rows) for rows in kwargs[rotary])}
+        return self.spec.replace(args, kwargs, gather_rotary(merge, rows, self.span.rotary_axis))
 
 
 class DownsampleContext(SiteHook):

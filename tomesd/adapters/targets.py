@@ -111,8 +111,12 @@ def build_patches(obj: Any, args: Any) -> List[ToMePatch]:
 
 
 def installed_patches(obj: Any) -> List[ToMePatch]:
-    """Every patch installed anywhere inside `obj`."""
-    found = []
+    """Every patch installed anywhere inside `obj` (or held by a ComfyUI MODEL's ToMe node)."""
+    from .comfy import comfy_patches
+
+    found = comfy_patches(obj)
+    if found:
+        return found
     for model in candidate_models(obj):
         host = host_ops(framework_of(model))
         for _, module in host.named_modules(model):

