@@ -287,3 +287,24 @@ def test_comfyuis_own_caches_stack(cache, order):
     assert torch.equal(comfy_host.sample(both, steps=8), first)  # deterministic
     cache_alone, tome_alone = comfy_host.sample(cached(model), steps=8), comfy_host.sample(tome(model), steps=8)
     assert (first - cache_alone).abs().max() > 1e-3 and (first - tome_alone).abs().max() > 1e-3
+
+
+def test_comfyuis_loader_takes_the_pack_from_a_linked_custom_nodes_folder(tmp_path):
+    """As the README installs it: the package's node folder linked into custom_nodes, loaded by ComfyUI."""
+    import asyncio
+    import os
+
+    import nodes
+
+    import tomesd.comfyui
+
+    link = tmp_path / "custom_nodes" / "tomesd"
+    link.parent.mkdir()
+    os.symlink(os.path.dirname(tomesd.comfyui.__file__), link)
+    before = dict(nodes.NODE_CLASS_MAPPINGS)
+    try:
+        assert asyncio.run(nodes.load_custom_node(str(link))) is True
+        assert nodes.NODE_CLASS_MAPPINGS["TomesdToMe"] is ToMe and nodes.NODE_CLASS_MAPPINGS["TomesdToDo"] is ToDo
+    finally:
+        nodes.NODE_CLASS_MAPPINGS.clear()
+        nodes.NODE_CLASS_MAPPINGS.update(before)

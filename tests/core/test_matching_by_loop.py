@@ -454,3 +454,20 @@ def test_the_entry_point_merges_as_the_loop(fw, how):
     assert fw.numpy(merge(fw.tensor(x))).shape == (b, n - r, 5)
     for i in range(b):
         np.testing.assert_allclose(y[i], group_means(x[i], expected[i]), rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("shape, axis, head", [((20, 3), 0, 4), ((2, 1, 20, 2, 2), 2, 4), ((1, 16, 1, 3), 1, 0)])
+def test_rotary_rows_follow_their_representatives_and_text_rows_stay(fw, shape, axis, head):
+    """gather_rows, by hand: a table's text rows (in front) as they are, then the representative's row of each
+    merged token, along any axis (Flux [text + image, D]; ComfyUI's Flux [B, 1, text + image, ...]; Wan)."""
+    n = 16
+    gen = np.random.default_rng(3)
+    metric = gen.standard_normal((2, n, 8))
+    rows, cols = np.divmod(np.arange(n), 4)
+    merge = compute_shared_merge(fw.xp, fw.tensor(metric), (fw.tensor(rows), fw.tensor(cols)), (2, 2), 6)
+    table = np.arange(math.prod(shape), dtype=np.float32).reshape(shape)
+    reps = fw.numpy(merge.representatives).tolist()
+    expected = np.take(table, list(range(head)) + [head + rep for rep in reps], axis=axis)
+    assert np.array_equal(fw.numpy(merge.gather_rows(fw.tensor(table), axis)), expected)
+    with pytest.raises(ValueError, match="must hold the image's 16 rows"):
+        merge.gather_rows(fw.tensor(np.take(table, range(n - 1), axis=axis)), axis)

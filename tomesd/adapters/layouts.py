@@ -30,7 +30,6 @@ def _config(root: Any, key: str) -> Any:
 class Layout:
     one_grid = True  # every block sees one grid (blocks are chosen by index, not by level)
     frames_in_sequence = False  # st (a dst stride along time) applies
-    shared_matching = False  # one matching serves the batch, on grid coordinates
     latent_dims = 4
 
     def __init__(self, root: Any, kind: RootKind, xp: Any) -> None:
@@ -91,8 +90,6 @@ class Patches(Layout):
 
 class _Coordinates(Layout):
     """Layouts whose grid is given per token: the image is the block input's last N tokens."""
-
-    shared_matching = True
 
     def image_tokens(self, call: Any, x: Any) -> Any:
         if call.coords is None:

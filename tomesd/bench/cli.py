@@ -16,6 +16,11 @@ ARCH_NAMES = {"sd1": "sd15", "sdxl": "sdxl", "sd3": "sd3", "pixart": "pixart", "
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=["torch", "paddle"], default="torch")
+    parser.add_argument("--host", choices=["diffusers", "comfyui"], default="diffusers",
+                        help="comfyui: time ComfyUI's own models (--arch sd1, sdxl or flux): unpatched, ComfyUI's "
+                             "TomePatchModel and this project's nodes")
+    parser.add_argument("--comfyui", metavar="PATH", default=None,
+                        help="with --host comfyui: a ComfyUI folder (default: $COMFYUI_PATH, else `make envs`'s copy)")
     parser.add_argument("--arch", choices=sorted(ARCH_NAMES), default=None,
                         help="architecture at real width, random weights: sd1 (SD1.5 UNet, the default), sdxl "
                              "(SDXL UNet), sd3 (SD3-medium transformer), pixart (PixArt-alpha 1024), flux "
@@ -172,6 +177,12 @@ def _modes(text: str) -> List[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "host", "diffusers") == "comfyui":
+        from . import comfyui
+
+        if isinstance(args.res, int):
+            args.res = (args.res, args.res)
+        return comfyui.run(args)
     from .kits import MissingBackend, make_kit
     from .pipeline import BadModelPath
     from .flops import fill_flops
