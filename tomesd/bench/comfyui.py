@@ -79,8 +79,9 @@ COMFY_MODULES = ("comfy.model_management", "comfy.model_detection", "comfy.model
                  "comfy.samplers", "comfy_extras.nodes_tomesd", "nodes")
 
 
-def import_comfyui(path: str, cpu: bool) -> None:
-    """ComfyUI's packages from `path`, importable (on the CPU when `cpu`)."""
+def import_comfyui(path: str, cpu: bool, modules: Tuple[str, ...] = COMFY_MODULES) -> None:
+    """ComfyUI's packages from `path`, importable (on the CPU when `cpu`), `modules` imported at once while
+    torchvision is stubbed (when it does not load); afterwards no torchvision is importable again."""
     if "comfy.model_management" in sys.modules:
         return
     if not os.path.isfile(os.path.join(path, "comfy", "model_patcher.py")):
@@ -104,7 +105,7 @@ def import_comfyui(path: str, cpu: bool) -> None:
         import comfy.cli_args
 
         comfy.cli_args.args.cpu = cpu
-        for name in COMFY_MODULES:
+        for name in modules:
             importlib.import_module(name)
     finally:
         if stub is not None:
