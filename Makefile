@@ -14,10 +14,14 @@ BENCH_ARGS ?=
 QUALITY_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: bench quality demo test test-core test-torch test-paddle envs clean
+.PHONY: bench bench-gpu quality demo test test-core test-torch test-paddle envs clean
 
 bench: $(TORCH_ENV)/.ready $(REF_TOMESD) $(COMFYUI)
 	$(TORCH_ENV)/bin/python -m tomesd bench $(BENCH_ARGS)
+
+# The GPU report (one CUDA GPU, under 9 minutes): JSON and a markdown table in bench-out/gpu-report.
+bench-gpu: $(TORCH_ENV)/.ready $(REF_TOMESD)
+	$(TORCH_ENV)/bin/python -m tomesd bench --preset gpu --device cuda $(BENCH_ARGS)
 
 # The quality yardstick: each setting's price on the project's digits UNet (weights shipped in the repo).
 quality: $(TORCH_ENV)/.ready
@@ -43,7 +47,7 @@ test-torch: $(TORCH_ENV)/.ready $(REF_TOMESD) $(COMFYUI)
 #     the quality yardstick (a torch/diffusers model, run from env (a) by `make quality`), and Wan, which
 #     diffusers added in 0.33.
 test-paddle: $(PADDLE_ENV)/.ready $(REF_TOMESD)
-	$(PADDLE_ENV)/bin/python -m pytest -q --durations=15 tests/core tests/torch tests/paddle --ignore=tests/torch/test_host_contract.py --ignore=tests/torch/test_transformer_host_contract.py --ignore=tests/torch/test_quality.py --ignore=tests/torch/test_wan.py
+	$(PADDLE_ENV)/bin/python -m pytest -q --durations=15 tests/core tests/torch tests/paddle --ignore=tests/torch/test_host_contract.py --ignore=tests/torch/test_transformer_host_contract.py --ignore=tests/torch/test_quality.py --ignore=tests/torch/test_wan.py --ignore=tests/torch/test_step_caches.py --ignore=tests/torch/test_cache_dit.py
 
 envs: $(CORE_ENV)/.ready $(TORCH_ENV)/.ready $(PADDLE_ENV)/.ready $(REF_TOMESD) $(COMFYUI)
 

@@ -120,23 +120,34 @@ def count_host_reads(fn):
 def around_the_patch(modules, patch, run, output=False):
     """(before, after): the first tensor entering each of `modules` (or, with `output`, the first of its
     output) as the patch's own hook on it receives it and as it leaves that hook, over one `run()` under
-    `patch()`. Probe hooks are registered first (prepend) and after the patch's, and all removed."""
+    `patch()`. ToMe's hooks sit innermost in the module's forward chain (torch_links), so the probe on the
+    module's own side is seated there too, inside the patch's: for inputs it sees what the module's own
+    forward gets ("after"), for outputs what it returns ("before"); the other probe is a forward hook."""
     import tomesd
+    from tomesd.backends import torch_links
 
     seen, handles = {"before": [], "after": []}, []
 
-    def probe(key):
-        if output:
-            return lambda m, a, out: seen[key].append(out[0] if isinstance(out, tuple) else out)
-        return lambda m, a: seen[key].append(a[0])
+    def first(value):
+        return value[0] if isinstance(value, tuple) else value
 
-    register = "register_forward_hook" if output else "register_forward_pre_hook"
-    handles += [getattr(m, register)(probe("before"), prepend=True) for m in modules]
+    owner = object()
     patch()
-    handles += [getattr(m, register)(probe("after")) for m in modules]
+    if output:  # after the patch's own forward hook (a span's start merges there)
+        handles += [m.register_forward_hook(lambda m, a, out: seen["after"].append(first(out))) for m in modules]
+    else:
+        handles += [m.register_forward_pre_hook(lambda m, a: seen["before"].append(a[0]), prepend=True)
+                    for m in modules]
+    for m in modules:
+        if output:
+            torch_links.seat(m, None, lambda m, a, out: seen["before"].append(first(out)), owner)
+        else:
+            torch_links.seat(m, lambda m, a, k: seen["after"].append(a[0] if a else k["hidden_states"]), None, owner)
     try:
         run()
     finally:
         for handle in handles:
             handle.remove()
+        for m in modules:
+            torch_links.unseat(m, lambda o: o is owner)
     return seen["before"], seen["after"]

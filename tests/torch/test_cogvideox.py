@@ -28,7 +28,7 @@ def probe(model, inputs):
     handles = []
     for block in model.transformer_blocks:
         handles += [block.attn1.to_q.register_forward_pre_hook(lambda m, a: seen["q"].append(a[0].shape[1])),
-                    block.ff.register_forward_pre_hook(lambda m, a: seen["ff"].append(a[0].shape[1])),
+                    block.ff.net[0].register_forward_pre_hook(lambda m, a: seen["ff"].append(a[0].shape[1])),
                     block.register_forward_hook(lambda m, a, out: seen["text_out"].append(out[1].shape[1]))]
     out = T.run_cogvideox(model, inputs)
     for handle in handles:

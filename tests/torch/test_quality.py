@@ -175,13 +175,14 @@ def test_quality_command_prices_a_step_cache_beside_tome_on_sd3(tmp_path, capsys
     doc = json.loads(out_json.read_text())
     assert doc["arch"] == "sd3"
     rows = {r["name"]: r for r in doc["results"]}
-    # Merge mode refuses TaylorSeer (it keeps attention outputs across steps): no stacked merge row.
+    # The cache alone, then stacked under each setting: merge mode too (the cache keeps full tokens).
     assert list(rows) == ["baseline", "ToMe r=0.5", "downsample f=2 avg", "taylorseer alone",
-                          "downsample f=2 avg + taylorseer"]
-    # The cache acts alone (it moves the samples), and stacked with downsampling both act.
+                          "ToMe r=0.5 + taylorseer", "downsample f=2 avg + taylorseer"]
+    # The cache acts alone (it moves the samples), and stacked both act.
     assert math.isfinite(rows["taylorseer alone"]["psnr"])
-    stacked = rows["downsample f=2 avg + taylorseer"]["psnr"]
-    assert stacked not in (rows["downsample f=2 avg"]["psnr"], rows["taylorseer alone"]["psnr"])
+    for name in ("ToMe r=0.5", "downsample f=2 avg"):
+        stacked = rows[f"{name} + taylorseer"]["psnr"]
+        assert stacked not in (rows[name]["psnr"], rows["taylorseer alone"]["psnr"])
 
 
 def test_quality_command_refuses_a_cache_diffusers_fails_on(capsys):

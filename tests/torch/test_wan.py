@@ -23,12 +23,12 @@ def model():
 
 def probe(model, inputs):
     """Tokens entering each block's self-attention queries, cross-attention queries and keys (the text),
-    and feed-forward."""
+    and feed-forward (at its first layer: ToMe merges inside the feed-forward's own forward chain)."""
     seen = {"self_q": [], "cross_q": [], "cross_k": [], "ffn": []}
     handles = []
     for block in model.blocks:
         for name, module in (("self_q", block.attn1.to_q), ("cross_q", block.attn2.to_q),
-                             ("cross_k", block.attn2.to_k), ("ffn", block.ffn)):
+                             ("cross_k", block.attn2.to_k), ("ffn", block.ffn.net[0])):
             handles.append(module.register_forward_pre_hook(lambda m, a, name=name: seen[name].append(a[0].shape[1])))
     out = T.run_wan(model, inputs)
     for handle in handles:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .kinds import sublayer
 from .signatures import CONTEXT, TIMESTEP, InputSpec
 
 KV_PROJECTIONS = ("to_k", "to_v")
@@ -30,20 +31,30 @@ MASKED_DOWNSAMPLE = (
 )
 
 
-def refuse_step_cache_inside(module: Any) -> None:
-    """Merge mode cannot run under a diffusers hook that keeps a sub-layer's outputs across calls
-    (TaylorSeer, FasterCache, ...): inside a merging block those outputs are merged tokens, ordered by each
-    step's own matching, so extrapolating or reusing them across steps mixes unrelated tokens (the SD3
-    yardstick measured ToMe r=0.5 with TaylorSeer at 13 dB from the baseline, each alone at 23 and 26 dB).
-    Caches of whole blocks (First Block Cache) keep unmerged outputs and stack."""
+def keeps_outputs(module: Any) -> bool:
+    """Whether a diffusers hook on `module` keeps its outputs across calls (a step cache: TaylorSeer,
+    FasterCache, Pyramid Attention Broadcast)."""
     registry = getattr(module, "_diffusers_hook", None)
-    for name, hook in (getattr(registry, "hooks", None) or {}).items():
-        if getattr(hook, "_is_stateful", False):
+    return any(getattr(hook, "_is_stateful", False) for hook in (getattr(registry, "hooks", None) or {}).values())
+
+
+def refuse_step_cache_inside(patch: Any, index: int, kind: Any) -> None:
+    """A step cache stacks where ToMe's hooks sit in a block (they run inside the cache, so it keeps full
+    tokens: runtime._around, seat_span_cache) and on whole blocks. On a module deeper inside a merged
+    region it would keep merged tokens in one step's order and replay them into another's."""
+    block = patch.blocks[index]
+    seats = {id(block)}
+    for path in [layer.name for layer in kind.sublayers] + [
+            p for span in kind.spans for p in (span.start, span.attention, *span.ends)]:
+        seats.add(id(sublayer(block, path)))
+    for name, module in patch.host.named_modules(block):
+        if id(module) not in seats and keeps_outputs(module):
+            hooks = ", ".join(module._diffusers_hook.hooks)
             raise ValueError(
-                f"mode='merge' cannot run with diffusers' {name!r} hook on {type(module).__name__} inside a "
-                f"merging block: the cache keeps that layer's outputs across steps, and there they are merged "
-                f"tokens in each step's own order. Use mode='downsample' (every query token stays), or a cache "
-                f"of whole blocks (First Block Cache)"
+                f"mode='merge' cannot run with diffusers' {hooks} hook on {type(block).__name__}.{name}: that "
+                f"module sees merged tokens, so the cache would keep them in one step's order and replay them "
+                f"into another's. Cache the attention modules (diffusers' default identifiers) or whole blocks "
+                f"(First Block Cache, MagCache), which stack with ToMe"
             )
 
 
@@ -96,12 +107,10 @@ def validate(patch: Any) -> None:
     if args.mode == "downsample":
         _validate_downsample(patch)
         return
-    for block in patch.blocks:
+    for index, (block, kind) in enumerate(zip(patch.blocks, patch.kinds)):
         if args.merge_mlp and getattr(block, "_chunk_size", None) is not None:
             raise ValueError(CHUNKED_FF)
-        for _, sub in patch.host.named_modules(block):
-            if sub is not block:
-                refuse_step_cache_inside(sub)
+        refuse_step_cache_inside(patch, index, kind)
 
 
 def _validate_downsample(patch: Any) -> None:

@@ -16,14 +16,14 @@ from typing import Any, List, Optional
 
 from . import guards
 from .calls import BlockMerge, CallStacks, CallState, Replay
-from .kinds import BlockKind, block_kind, in_temporal_container, sublayer
+from .kinds import BlockKind, Span, block_kind, in_temporal_container, sublayer
 from .layouts import layout_of
 from .matcher import Matcher
 from .observe import CallWatch
 from .roots import root_kind
 from .signatures import CONTEXT, LATENT, TIMESTEP, TOKENS, InputSpec
 from .sites import (
-    BlockEntry, DownsampleContext, DownsampleProjection, MergeSite, SpanEnd, SpanRotary, SpanStart,
+    BlockEntry, DownsampleContext, DownsampleProjection, MergeSite, SpanEnd, SpanInterior, SpanRotary, SpanStart,
 )
 
 PATCH_ATTR = "_tome_patch"
@@ -51,17 +51,24 @@ class RootHooks:
             stack.pop()
 
 
+def owned_by(target: Any, owner: Any) -> bool:
+    """Whether a hook object (or a link's owner) is `owner` or one of its hooks (its `patch`)."""
+    return target is not None and (target is owner or getattr(target, "patch", None) is owner)
+
+
 def _owner(hook: Any) -> Any:
-    target = getattr(getattr(hook, "func", hook), "__self__", None)  # paddle's LayerHook keeps the method as func
-    return getattr(target, "patch", None)
+    return getattr(getattr(hook, "func", hook), "__self__", None)  # paddle's LayerHook keeps the method as func
 
 
 def remove_owned_hooks(host: Any, module: Any, owner: Any) -> None:
-    """Remove from `module` every forward hook that belongs to `owner` (with its flags)."""
+    """Remove from `module` every hook that belongs to `owner`: a patch, or one hook object of it."""
+    remove_inner = getattr(host, "remove_inner_hooks", None)
+    if remove_inner is not None:
+        remove_inner(module, functools.partial(owned_by, owner=owner))
     for table_name, flag_names in host.hook_tables:
         table = getattr(module, table_name, None) or {}
         for hook_id, hook in list(table.items()):
-            if _owner(hook) is owner:
+            if owned_by(_owner(hook), owner):
                 del table[hook_id]
                 for flag_name in flag_names:
                     getattr(module, flag_name, {}).pop(hook_id, None)
@@ -151,20 +158,54 @@ class ToMePatch:
                 rotary = InputSpec.find(sub, (layer.rotary,), first_positional=False) or InputSpec(layer.rotary, None)
             hook = MergeSite(self, index, layer, InputSpec.find(sub, layer.tokens, first_positional=True), rotary,
                              self_attention=layer.name == kind.self_attention)
-            self._hook(sub, host.add_pre_hook, hook.pre)
-            self._hook(sub, host.add_post_hook, hook.post)
+            self._around(sub, hook.pre, hook.post)
         for span in kind.spans:
             start = sublayer(block, span.start)
             ends = [end for end in (sublayer(block, path) for path in span.ends) if end is not None]
             if start is None or not ends or not getattr(self.args, span.flag):
                 continue
+            # The start merges outside its forward chain, the ends unmerge inside theirs: a cache on either
+            # keeps full tokens.
             self._hook(start, host.add_post_hook, SpanStart(self, index, span).post)
             for end in ends:
-                self._hook(end, host.add_post_hook, SpanEnd(self, index, span).post)
+                self._around(end, None, SpanEnd(self, index, span).post)
             inner = sublayer(block, span.rotary_at) if span.rotary_at is not None else None
             if inner is not None:  # after the block's entry hook, when that is the block itself
                 spec = InputSpec.find(inner, (span.rotary,), first_positional=False) or InputSpec(span.rotary, None)
                 self._hook(inner, host.add_pre_hook, SpanRotary(self, index, span, spec).pre)
+            self.seat_span_cache(index, span)
+
+    def seat_span_cache(self, index: int, span: Span) -> None:
+        """A step cache on the attention inside a span (diffusers' caches hook Flux's single-block `attn`)
+        would see merged tokens: its output unmerges inside the cache and merges again outside it, so the cache
+        keeps and replays full tokens. Seated while a cache is there (checked at install and by the span's
+        start at each call): without one the pair would cost two gathers, and round-off, for nothing."""
+        attention = sublayer(self.blocks[index], span.attention)
+        if attention is None or attention is self.blocks[index]:
+            return
+        seated = [o for o in self.host.inner_hook_owners(attention) if isinstance(o, SpanInterior) and o.patch is self]
+        if guards.keeps_outputs(attention) == bool(seated):
+            return
+        if seated:  # the cache was removed
+            remove_owned_hooks(self.host, attention, seated[0])
+            return
+        interior = SpanInterior(self, index, span)
+        self.host.add_inner_hooks(attention, None, interior.unmerge, interior)
+        self._hook(attention, self.host.add_post_hook, interior.merge)
+
+    def _around(self, module: Any, pre: Any, post: Any) -> None:
+        """`pre` and `post` around `module`'s own forward: innermost in its forward chain where the host
+        can seat them there (torch: inside diffusers' and accelerate's wrappers), else as forward hooks."""
+        inner = getattr(self.host, "add_inner_hooks", None)
+        if inner is not None:
+            inner(module, pre, post, self)
+            if not any(m is module for m in self._hooked):
+                self._hooked.append(module)
+            return
+        if pre is not None:
+            self._hook(module, self.host.add_pre_hook, pre)
+        if post is not None:
+            self._hook(module, self.host.add_post_hook, post)
 
     def _hook(self, module: Any, register: Any, hook: Any) -> None:
         register(module, hook)

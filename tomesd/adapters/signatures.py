@@ -12,6 +12,19 @@ TIMESTEP = ("timestep", "timesteps", "t")
 CONTEXT = ("encoder_hidden_states", "context")
 
 
+def _parameters(module: Any) -> list:
+    """The parameters of the module class's own forward: callers pass what it declares. (An instance's
+    `forward` may be another library's wrapper taking `self, *args, **kwargs`, as cache-dit's is, or a
+    chain of hooks.)"""
+    own = getattr(type(module), "forward", None)
+    try:
+        if inspect.isfunction(own):
+            return list(inspect.signature(own).parameters.values())[1:]
+        return list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return []
+
+
 class InputSpec:
     """Where one input of a module's forward arrives: by position `index`, or by keyword `name`."""
 
@@ -24,10 +37,7 @@ class InputSpec:
     def find(cls, module: Any, names: Sequence[str], first_positional: bool) -> Optional["InputSpec"]:
         """The first of `names` in the module's forward signature (else its first positional
         parameter, when `first_positional`), or None."""
-        try:
-            params = list(inspect.signature(module.forward).parameters.values())
-        except (TypeError, ValueError):
-            params = []
+        params = _parameters(module)
         positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         keyword = {p.name for p in params if p.kind == p.KEYWORD_ONLY}
         for name in names:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Optional, Tuple
 
-from .guards import FUSED_QKV, MASKED_DOWNSAMPLE, MASKED_SELF_ATTENTION, fused, refuse_step_cache_inside
-from .kinds import Span, Sublayer, sublayer
+from .guards import FUSED_QKV, MASKED_DOWNSAMPLE, MASKED_SELF_ATTENTION, fused
+from .kinds import Span, Sublayer
 from .signatures import InputSpec
 
 
@@ -64,8 +64,6 @@ class MergeSite(SiteHook):
         merge = self.patch.site_merge(self.index, self.layer.flag)
         if merge is None:
             return None
-        if not self.patch.host.is_compiling():
-            refuse_step_cache_inside(module)  # a cache applied after the patch
         if self.rotary is not None:
             rows = self.rotary.get(args, kwargs)
             if rows is not None:
@@ -122,9 +120,7 @@ class SpanStart(_SpanHook):
         if merge is None:
             return None
         if not self.patch.host.is_compiling():
-            inner = sublayer(self.patch.blocks[self.index], self.span.attention)
-            if inner is not None:
-                refuse_step_cache_inside(inner)  # a cache applied after the patch
+            self.patch.seat_span_cache(self.index, self.span)  # a cache added after the patch
         position = self.span.start_output
         tokens = output if position is None else output[position]
         merged = self._timed("merge", merge.merge_tail, tokens)
@@ -139,6 +135,18 @@ class SpanEnd(_SpanHook):
 
     def post(self, module: Any, args: tuple, output: Any) -> Any:
         return unmerge_output(self, self.span.flag, (), output)
+
+
+class SpanInterior(_SpanHook):
+    """A step cache on the attention inside a span (runtime.seat_span_cache): `unmerge` is seated inside the
+    cache, `merge` outside it, so the cache keeps full tokens and the span goes on with merged ones."""
+
+    def unmerge(self, module: Any, args: tuple, output: Any) -> Any:
+        return unmerge_output(self, self.span.flag, (), output)
+
+    def merge(self, module: Any, args: tuple, output: Any) -> Any:
+        merge = self.patch.site_merge(self.index, self.span.flag)
+        return None if merge is None else self._timed("merge", merge.merge_tail, output)
 
 
 class SpanRotary(_SpanHook):

@@ -1,9 +1,11 @@
 """PyTorch backend."""
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Sequence, Tuple
+from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 
 import torch
+
+from . import torch_links
 
 
 class TorchArrays:
@@ -128,6 +130,18 @@ class TorchHost:
 
     def add_post_hook(self, module: torch.nn.Module, hook: Callable, always_call: bool = False) -> Any:
         return module.register_forward_hook(hook, always_call=always_call)
+
+    def add_inner_hooks(self, module: torch.nn.Module, pre: Optional[Callable], post: Optional[Callable],
+                        owner: Any) -> Any:
+        """`pre` and `post` (forward-hook signatures) innermost in the module's forward chain, inside
+        diffusers' and accelerate's wrappers (torch_links.py)."""
+        return torch_links.seat(module, pre, post, owner)
+
+    def remove_inner_hooks(self, module: torch.nn.Module, owns: Callable[[Any], bool]) -> None:
+        torch_links.unseat(module, owns)
+
+    def inner_hook_owners(self, module: torch.nn.Module) -> list:
+        return torch_links.owners(module)
 
 
 backend = TorchArrays()

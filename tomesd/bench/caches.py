@@ -1,9 +1,12 @@
-"""diffusers' own step caches, run beside ToMe (`--cache fbc|taylorseer` in the loop bench and the
-yardstick): what users pick instead of token reduction on diffusion transformers.
+"""diffusers' own step caches, run beside ToMe (`--cache NAME` in the loop bench and the yardstick): what
+users pick instead of token reduction on diffusion transformers, and what they can stack with it.
 
 Each cache is applied with diffusers' own `apply_*` function (SD3's transformer has no `enable_cache`
 in diffusers 0.42) before the ToMe patch, given a cache context for the whole loop (one call per step,
-the guidance halves batched), and removed after it, so every timed loop starts from a fresh cache.
+the guidance halves batched), and removed after it, so every timed loop starts from a fresh cache. Caches
+of attention outputs (TaylorSeer, FasterCache, Pyramid Attention Broadcast) keep full tokens under merge
+mode: ToMe's hooks sit inside them (backends/torch_links.py). Caches of whole blocks (First Block Cache,
+MagCache) skip blocks, and ToMe matches nothing for a skipped block.
 """
 from __future__ import annotations
 
@@ -12,31 +15,74 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 
+class StepClock:
+    """The timestep the denoiser was last called with, on diffusers' 0-1000 scale: FasterCache and Pyramid
+    Attention Broadcast decide by it (a pipeline passes its own `_current_timestep`; a bare loop has none)."""
+
+    def __init__(self) -> None:
+        self.value = 1000.0
+
+    def __call__(self) -> float:
+        return self.value
+
+    def pre(self, module: Any, args: tuple, kwargs: dict) -> None:
+        t = kwargs.get("timestep", args[1] if len(args) > 1 else None)
+        if t is None:
+            return
+        value = float(t.reshape(-1)[0]) if hasattr(t, "reshape") else float(t)  # one host read per step
+        self.value = value * 1000 if value <= 1.0 else value  # Flux takes sigmas (t / 1000)
+
+
 @dataclass(frozen=True)
 class Cache:
     title: str
-    config: Callable[[], Any]  # diffusers' config object, with the settings used
+    config: Callable[[StepClock, int], Any]  # diffusers' config object for a loop of `steps`, with its settings
     apply: str  # diffusers.hooks' function
     hooks: Tuple[str, ...]  # the hook names it registers (removed by name)
     # Denoiser classes on which diffusers 0.42 itself fails with this cache, and why.
     fails_on: Dict[str, str]
-    # It keeps sub-layer outputs across steps (inside blocks): ToMe's merge mode refuses it (see
-    # adapters.guards), so it stacks with downsampling only.
-    inside_blocks: bool = False
 
 
-def _fbc() -> Any:
+def _fbc(clock: StepClock, steps: int) -> Any:
     from diffusers.hooks import FirstBlockCacheConfig
 
     return FirstBlockCacheConfig(threshold=0.05)  # diffusers' documented example threshold
 
 
-def _taylorseer() -> Any:
+def _taylorseer(clock: StepClock, steps: int) -> Any:
     import torch
     from diffusers.hooks import TaylorSeerCacheConfig
 
     # diffusers' defaults (full steps 0-2, then one full step in 5), Taylor factors kept in float32.
     return TaylorSeerCacheConfig(taylor_factors_dtype=torch.float32)
+
+
+def _fastercache(clock: StepClock, steps: int) -> Any:
+    from diffusers.hooks import FasterCacheConfig
+
+    # diffusers' documented example for CogVideoX / Flux: attention recomputed every 2nd step inside
+    # timesteps (-1, 681); the unconditional half is not skipped (the loop batches both halves).
+    return FasterCacheConfig(spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(-1, 681),
+                             current_timestep_callback=clock, attention_weight_callback=lambda _: 0.3,
+                             tensor_format="BCHW")
+
+
+def _pab(clock: StepClock, steps: int) -> Any:
+    from diffusers.hooks import PyramidAttentionBroadcastConfig
+
+    # diffusers' documented example: spatial attention recomputed every 2nd step inside timesteps (100, 800).
+    return PyramidAttentionBroadcastConfig(spatial_attention_block_skip_range=2,
+                                           spatial_attention_timestep_skip_range=(100, 800),
+                                           current_timestep_callback=clock)
+
+
+def _magcache(clock: StepClock, steps: int) -> Any:
+    from diffusers.hooks import MagCacheConfig
+    from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS
+
+    # Flux's calibrated magnitude ratios, the only ones diffusers ships (interpolated to the loop's length);
+    # calibrate on your own model for real use (MagCacheConfig(calibrate=True)).
+    return MagCacheConfig(num_inference_steps=steps, mag_ratios=FLUX_MAG_RATIOS)
 
 
 _UNET = "diffusers' block registry does not describe UNet blocks (IndexError inside diffusers)"
@@ -47,14 +93,16 @@ CACHES: Dict[str, Cache] = {
                                            "block (context_pre_only) returns as None",
                   "UNet2DConditionModel": _UNET}),
     "taylorseer": Cache("TaylorSeer (diffusers' defaults)", _taylorseer, "apply_taylorseer_cache",
-                        ("taylorseer_cache",), {}, inside_blocks=True),
+                        ("taylorseer_cache",), {}),
+    "fastercache": Cache("FasterCache (attention every 2nd step below t=681)", _fastercache, "apply_faster_cache",
+                         ("faster_cache_denoiser", "faster_cache_block"),
+                         {"FluxTransformer2DModel": "a 4-D / 3-D concatenation in its unconditional-batch "
+                                                    "approximation"}),
+    "pab": Cache("Pyramid Attention Broadcast (attention every 2nd step in t=100-800)", _pab,
+                 "apply_pyramid_attention_broadcast", ("pyramid_attention_broadcast",), {}),
+    "magcache": Cache("MagCache (Flux's magnitude ratios)", _magcache, "apply_mag_cache",
+                      ("mag_cache_leader_block_hook", "mag_cache_block_hook"), {"UNet2DConditionModel": _UNET}),
 }
-
-
-def stacks_with(name: str, mode: str) -> bool:
-    """Whether cache `name` can run under a ToMe setting of `mode` (merge mode refuses caches of layer
-    outputs inside its blocks)."""
-    return mode == "downsample" or not CACHES[name].inside_blocks
 
 
 def check(name: Optional[str], model_class: str, backend: str, compile: bool, steps: int) -> None:
@@ -71,13 +119,15 @@ def check(name: Optional[str], model_class: str, backend: str, compile: bool, st
         raise ValueError("--cache needs a denoising loop to act on: add --steps N (N >= 2)")
     reason = CACHES[name].fails_on.get(model_class)
     if reason is not None:
+        works = [other for other, cache in CACHES.items() if model_class not in cache.fails_on]
         raise ValueError(f"--cache {name} fails on {model_class} in diffusers itself ({reason}); "
-                         f"choose another cache")
+                         f"choose one of {', '.join(works)}")
 
 
 @contextlib.contextmanager
-def enabled(model: Any, name: Optional[str]) -> Iterator[None]:
-    """`model` with a fresh cache `name` for the length of the block (nothing when `name` is None)."""
+def enabled(model: Any, name: Optional[str], steps: int = 50) -> Iterator[None]:
+    """`model` with a fresh cache `name` for a loop of `steps` for the length of the block (nothing when
+    `name` is None)."""
     if name is None:
         yield
         return
@@ -85,13 +135,15 @@ def enabled(model: Any, name: Optional[str]) -> Iterator[None]:
     from diffusers.hooks import HookRegistry
     from diffusers.hooks.hooks import CacheContext, _set_cache_context
 
-    cache = CACHES[name]
-    getattr(dh, cache.apply)(model, cache.config())
+    cache, clock = CACHES[name], StepClock()
+    handle = model.register_forward_pre_hook(clock.pre, with_kwargs=True)
+    getattr(dh, cache.apply)(model, cache.config(clock, steps))
     _set_cache_context(model, CacheContext("cond"))
     try:
         yield
     finally:
         _set_cache_context(model, None)
+        handle.remove()
         registry = HookRegistry.check_if_exists_or_initialize(model)
         for hook in cache.hooks:
             registry.remove_hook(hook, recurse=True)

@@ -76,11 +76,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="time a loop of N UNet calls over distinct timesteps per configuration (default 1); "
                              "with --model: denoising steps (default 20)")
     parser.add_argument("--grid", metavar="PATH", default="bench-out/grid.png", help="image grid written with --model")
-    parser.add_argument("--cache", choices=["fbc", "taylorseer"], default=None,
-                        help="with --steps: also run diffusers' step cache (First Block Cache or TaylorSeer) alone "
-                             "and under each ToMe setting (torch)")
+    parser.add_argument("--cache", choices=list(caches.CACHES), default=None,
+                        help="with --steps: also run one of diffusers' step caches (First Block Cache, TaylorSeer, "
+                             "FasterCache, Pyramid Attention Broadcast, MagCache) alone and under each ToMe "
+                             "setting (torch)")
     parser.add_argument("--compile", action="store_true",
                         help="torch only: time a torch.compile'd UNet per configuration (first call reported apart)")
+    parser.add_argument("--preset", choices=["gpu"], default=None,
+                        help="gpu: the GPU report, a fixed list of runs (SD1.5, SDXL, SD3, Flux, Wan; eager, "
+                             "compiled, with step caches) on one CUDA GPU within --budget seconds, written as JSON "
+                             "and one markdown table under --out (gpu_report.py)")
+    parser.add_argument("--preset-config", choices=["full", "tiny"], default="full",
+                        help="with --preset: full (the real architectures, on --device cuda) or tiny (the tiny "
+                             "configurations on CPU: a check of the plumbing, not a measurement)")
+    parser.add_argument("--out", metavar="DIR", default=None, help="with --preset: where the runs' JSON and the "
+                                                                    "report go (default bench-out/gpu-report)")
+    parser.add_argument("--budget", type=float, default=None, metavar="S",
+                        help="with --preset: wall-clock seconds; runs that would start later are listed as not run "
+                             "(default 540)")
     parser.add_argument("--compile-backend", metavar="NAME", default=None,
                         help="torch.compile backend with --compile (default: inductor; aot_eager, eager for checks)")
 
@@ -176,7 +189,22 @@ def _modes(text: str) -> List[str]:
     return modes
 
 
+def _bench(argv: List[str]) -> int:
+    parser = argparse.ArgumentParser(prog="tomesd-bench")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "preset", None) is not None:
+        from . import gpu_report
+
+        if args.device == "cpu" and args.preset_config == "full":
+            return _fail("--preset gpu times the real architectures on a CUDA GPU: add --device cuda (or "
+                         "--preset-config tiny for a CPU check of the plumbing)")
+        if args.budget is None:
+            args.budget = gpu_report.BUDGET_S
+        return gpu_report.run(args, _bench)
     if getattr(args, "host", "diffusers") == "comfyui":
         from . import comfyui
 

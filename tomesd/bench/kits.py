@@ -28,10 +28,10 @@ class _Kit:
         from .caches import enabled
 
         if config.method == "baseline":
-            with enabled(model, config.cache):
+            with enabled(model, config.cache, settings.steps):
                 yield
         elif config.method == "tome":
-            with enabled(model, config.cache):  # the cache first, the patch's hooks inside it
+            with enabled(model, config.cache, settings.steps):  # the cache first, the patch's hooks inside it
                 tomesd.apply_patch(model, **config.patch_kwargs(settings))
                 try:
                     yield

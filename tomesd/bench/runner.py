@@ -94,11 +94,8 @@ def configurations(settings: Settings) -> List[Config]:
         configs.append(Config("tome", None, "downsample"))
     if settings.compare:
         configs += [Config("reference", ratio) for ratio in settings.ratios]
-    if settings.cache:  # the cache alone, and stacked under each of our settings it can run with
-        from .caches import stacks_with
-
-        configs += [replace(c, cache=settings.cache) for c in configs
-                    if c.method == "baseline" or (c.method == "tome" and stacks_with(settings.cache, c.mode))]
+    if settings.cache:  # the cache alone, and stacked under each of our settings
+        configs += [replace(c, cache=settings.cache) for c in configs if c.method in ("baseline", "tome")]
     return configs
 
 

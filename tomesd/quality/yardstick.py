@@ -26,6 +26,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
+from ..bench.caches import CACHES
 from . import metrics
 from . import model as M
 from . import sampling
@@ -116,15 +117,11 @@ SETTINGS = {"sd1": DEFAULT_SETTINGS, "sd3": SD3_SETTINGS, "video": VIDEO_SETTING
 
 
 def with_cache(settings: List[Setting], cache: Optional[str]) -> List[Setting]:
-    """`settings` (the baseline first), then the cache alone and stacked under each other setting it can
-    run with (merge mode refuses caches of layer outputs inside its blocks)."""
-    from ..bench.caches import stacks_with
-
+    """`settings` (the baseline first), then the cache alone and stacked under each other setting."""
     if cache is None:
         return list(settings)
     return list(settings) + [Setting(f"{cache} alone", None, cache)] + [
-        Setting(f"{s.name} + {cache}", s.kwargs, cache) for s in settings[1:]
-        if stacks_with(cache, s.kwargs.get("mode", "merge"))]
+        Setting(f"{s.name} + {cache}", s.kwargs, cache) for s in settings[1:]]
 
 
 @dataclass
@@ -164,7 +161,7 @@ def _sample_chunk(unet: Any, labels_embedding: Any, setting: Setting, labels: An
     # A ratio schedule needs a pipeline's loop: the denoiser is patched through a pipeline that holds it.
     scheduled = setting.kwargs is not None and setting.kwargs.get("ratio_schedule") is not None
     target = sampling.pipeline(unet, arch) if scheduled else unet
-    with enabled(unet, setting.cache):  # a fresh cache for each chunk's sampling run
+    with enabled(unet, setting.cache, steps):  # a fresh cache for each chunk's sampling run
         if setting.kwargs is not None:
             tomesd.apply_patch(target, **setting.kwargs)
         try:
@@ -384,7 +381,7 @@ def add_arguments(parser: Any) -> None:
                         help="the yardstick model: sd1 (the digits UNet, default), sd3 (the SD3-shaped transformer), "
                              "video (AnimateDiff's motion UNet on moving digits, 8 frames) or wan (Wan's transformer "
                              "on the same clips, one space-time grid)")
-    parser.add_argument("--cache", choices=["fbc", "taylorseer"], default=None,
+    parser.add_argument("--cache", choices=list(CACHES), default=None,
                         help="also run diffusers' step cache alone and stacked under each setting")
     parser.add_argument("--images", type=int, default=64, help="samples per setting (labels 0-9 in turn)")
     parser.add_argument("--chunk", type=int, default=16, help="images per sampling call (x2 with guidance)")
