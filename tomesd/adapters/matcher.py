@@ -108,7 +108,8 @@ class Matcher:
         if call.coords is not None:
             # One matching for the batch (per-token rotary rows have no batch axis), so the random
             # pattern need not differ between guidance halves: it follows use_rand whatever the batch.
-            coords = call.coords
+            # Built once per call on the first block's device; a block on another device takes them there.
+            coords = tuple(patch.host.on_device_of(c, x) for c in call.coords)
             strides = (args.st, args.sy, args.sx)[-len(coords):]  # (sy, sx) on an image, (st, sy, sx) on a video
             if args.use_rand:
                 volume = math.prod(strides)  # a space-time cell's places span its frames too
@@ -134,7 +135,8 @@ class Matcher:
                 call.key = rng.call_key(xp, self.seed, call.timestep)
             table = rng.randint(xp, x, [len(self.patch.blocks), cells], places, call.key)
             call.draws[cells] = table
-        return table[index]
+        # One draw for every block, on the first block's device: a block on another device takes its row there.
+        return self.patch.host.on_device_of(table[index], x)
 
     def _note(self, call: CallState, index: int, computed: int = 0, reused: int = 0) -> None:
         if call.watch is not None:

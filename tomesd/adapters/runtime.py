@@ -272,18 +272,22 @@ class ToMePatch:
         call = self.calls.top()
         return None if call is None else call.watch
 
-    def site_merge(self, index: int, flag: str) -> Any:
+    def site_merge(self, index: int, flag: str, like: Any = None) -> Any:
         """Block `index`'s merge for the site `flag` turns on: with per-site ratios the block holds one merge
-        per site (all from one matching), else one merge for every site."""
-        merge = self.current_merge(index)
+        per site (all from one matching), else one merge for every site. `like`: the tokens the site holds."""
+        merge = self.current_merge(index, like)
         return merge.get(flag) if isinstance(merge, dict) else merge
 
-    def current_merge(self, index: int) -> BlockMerge:
+    def current_merge(self, index: int, like: Any = None) -> BlockMerge:
+        """Block `index`'s merge in this call, matched at its first hooked sub-layer, on the device of the
+        tokens that sub-layer holds (`like`): a model split over devices moves the block's input inside the
+        block (accelerate's device hooks), after the block's entry hook recorded it."""
         call = self.calls.top()
         if call is not None:
             pending = call.pending.pop(index, None)
             if pending is not None:  # the block's first hooked sub-layer: match now
-                self._settle(index, call, *pending)
+                block, x, grad = pending
+                self._settle(index, call, block, x if like is None else self.host.on_device_of(x, like), grad)
             return call.merges.get(index)
         # A block running after its root's call: a checkpointed block recomputed in backward.
         return self.replay.get(index) if self.host.grad_enabled() else None

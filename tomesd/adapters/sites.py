@@ -61,7 +61,9 @@ class MergeSite(SiteHook):
         self.layer, self.spec, self.rotary, self.self_attention = layer, spec, rotary, self_attention
 
     def pre(self, module: Any, args: tuple, kwargs: dict) -> Any:
-        merge = self.patch.site_merge(self.index, self.layer.flag)
+        # The image tokens, or a sequence ending with them (CogVideoX's feed-forward sees [text, image]).
+        tokens = self.spec.get(args, kwargs)
+        merge = self.patch.site_merge(self.index, self.layer.flag, tokens)
         if merge is None:
             return None
         if self.rotary is not None:
@@ -70,8 +72,6 @@ class MergeSite(SiteHook):
                 args, kwargs = self.rotary.replace(args, kwargs, gather_rotary(merge, rows, self.layer.rotary_axis))
         if self.self_attention and kwargs.get("attention_mask") is not None:
             raise ValueError(MASKED_SELF_ATTENTION)
-        # The image tokens, or a sequence ending with them (CogVideoX's feed-forward sees [text, image]).
-        tokens = self.spec.get(args, kwargs)
         merged = self._timed("merge", merge.merge_tail, tokens)
         self._record(self.layer.flag, tokens, merged)
         return self.spec.replace(args, kwargs, merged)
@@ -116,13 +116,13 @@ class SpanStart(_SpanHook):
     """A span's start: the image tokens (the last N) of this sub-layer's output merge."""
 
     def post(self, module: Any, args: tuple, output: Any) -> Any:
-        merge = self.patch.site_merge(self.index, self.span.flag)
+        position = self.span.start_output
+        tokens = output if position is None else output[position]
+        merge = self.patch.site_merge(self.index, self.span.flag, tokens)
         if merge is None:
             return None
         if not self.patch.host.is_compiling():
             self.patch.seat_span_cache(self.index, self.span)  # a cache added after the patch
-        position = self.span.start_output
-        tokens = output if position is None else output[position]
         merged = self._timed("merge", merge.merge_tail, tokens)
         self._record(self.span.flag, tokens, merged)
         if position is None:
@@ -173,7 +173,7 @@ class DownsampleContext(SiteHook):
         self.tokens, self.context = tokens, context
 
     def pre(self, module: Any, args: tuple, kwargs: dict) -> Any:
-        down = self.patch.current_merge(self.index)
+        down = self.patch.current_merge(self.index, self.tokens.get(args, kwargs))
         if down is None:
             return None
         if self.context is None or self.context.get(args, kwargs) is not None:
@@ -196,7 +196,7 @@ class DownsampleProjection(SiteHook):
         self.attention, self.name = attention, name
 
     def pre(self, module: Any, args: tuple, kwargs: dict) -> Any:
-        down = self.patch.current_merge(self.index)
+        down = self.patch.current_merge(self.index, args[0] if args else kwargs.get("input"))
         if down is None:
             return None
         if getattr(self.attention, self.name) is not module:

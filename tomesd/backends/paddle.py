@@ -209,6 +209,10 @@ class PaddleHost:
     def named_modules(self, module: paddle.nn.Layer) -> Iterator[Tuple[str, paddle.nn.Layer]]:
         return module.named_sublayers(include_self=True)
 
+    def on_device_of(self, x: paddle.Tensor, like: Any) -> paddle.Tensor:
+        """`x` on the device of `like` (a tensor; anything else leaves `x` as it is)."""
+        return _on(x, like) if isinstance(like, paddle.Tensor) else x
+
     def add_pre_hook(self, module: paddle.nn.Layer, hook: Callable) -> Any:
         return module.register_forward_pre_hook(LayerHook(hook), with_kwargs=True)
 

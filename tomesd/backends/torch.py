@@ -125,6 +125,11 @@ class TorchHost:
     def named_modules(self, module: torch.nn.Module) -> Iterator[Tuple[str, torch.nn.Module]]:
         return module.named_modules()
 
+    def on_device_of(self, x: torch.Tensor, like: Any) -> torch.Tensor:
+        """`x` on the device of `like` (a tensor; anything else leaves `x` as it is)."""
+        device = getattr(like, "device", None)
+        return x if device is None or x.device == device else x.to(device)
+
     def add_pre_hook(self, module: torch.nn.Module, hook: Callable) -> Any:
         return module.register_forward_pre_hook(hook, with_kwargs=True)
 
