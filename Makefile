@@ -47,7 +47,7 @@ test-torch: $(TORCH_ENV)/.ready $(REF_TOMESD) $(COMFYUI)
 #     the quality yardstick (a torch/diffusers model, run from env (a) by `make quality`), and Wan, which
 #     diffusers added in 0.33.
 test-paddle: $(PADDLE_ENV)/.ready $(REF_TOMESD)
-	$(PADDLE_ENV)/bin/python -m pytest -q --durations=15 tests/core tests/torch tests/paddle --ignore=tests/torch/test_host_contract.py --ignore=tests/torch/test_transformer_host_contract.py --ignore=tests/torch/test_quality.py --ignore=tests/torch/test_wan.py --ignore=tests/torch/test_step_caches.py --ignore=tests/torch/test_cache_dit.py
+	$(PADDLE_ENV)/bin/python -m pytest -q --durations=15 tests/core tests/torch tests/paddle --ignore=tests/torch/test_host_contract.py --ignore=tests/torch/test_transformer_host_contract.py --ignore=tests/torch/test_quality.py --ignore=tests/torch/test_wan.py --ignore=tests/torch/test_step_caches.py --ignore=tests/torch/test_cache_dit.py --ignore=tests/torch/test_devices.py
 
 envs: $(CORE_ENV)/.ready $(TORCH_ENV)/.ready $(PADDLE_ENV)/.ready $(REF_TOMESD) $(COMFYUI)
 
