@@ -5,6 +5,7 @@ import contextlib
 import pytest
 import torch
 
+import step_caches as S
 import tiny_torch as T
 import tomesd
 
@@ -193,51 +194,16 @@ def test_first_block_cache_stacks_with_the_patch_on_flux():
 # itself: First Block Cache on SD3 (its tail residual subtracts text outputs, and SD3's last block,
 # `context_pre_only`, returns None for them) and
 # FasterCache on Flux (a 4-D / 3-D concatenation); First Block Cache on Flux is tested above.
-TIMESTEPS = [900, 800, 700, 600, 500, 400]
-
-
-class _Timestep:
-    value = 0
-
-
-def _taylorseer():
-    from diffusers.hooks import TaylorSeerCacheConfig
-
-    return TaylorSeerCacheConfig(cache_interval=2, disable_cache_before_step=2, taylor_factors_dtype=torch.float32)
-
-
-def _fastercache():
-    from diffusers.hooks import FasterCacheConfig
-
-    # SD3's pooled text vector is a guidance-batched input too: without it the conditional-only pass
-    # broadcasts the unconditional half back in (diffusers' default list knows video models' inputs).
-    return FasterCacheConfig(
-        spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(-1, 1000),
-        current_timestep_callback=lambda: _Timestep.value, attention_weight_callback=lambda m: 0.5,
-        unconditional_batch_skip_range=2, unconditional_batch_timestep_skip_range=(-1, 1000), tensor_format="BCHW",
-        _unconditional_conditional_input_kwargs_identifiers=[
-            "hidden_states", "encoder_hidden_states", "timestep", "pooled_projections"])
-
-
-CACHES = {
-    "taylorseer": (_taylorseer, "apply_taylorseer_cache", ("taylorseer_cache",)),
-    "fastercache": (_fastercache, "apply_faster_cache", ("faster_cache_denoiser", "faster_cache_block")),
-}
-
-
 @pytest.mark.parametrize("kind,cache", [("sd3", "taylorseer"), ("sd3", "fastercache")])
 def test_diffusers_step_caches_stack_with_downsampling(kind, cache):
     """Both act (cached steps run fewer attentions, computed attentions take downsampled keys), the pair
     is deterministic, and removing either (after a run) leaves the other working as it does alone."""
-    import diffusers.hooks as dh
-    from diffusers.hooks.hooks import CacheContext, HookRegistry, _set_cache_context
-
-    config, apply_name, hook_names = CACHES[cache]
+    from diffusers.hooks.hooks import CacheContext, _set_cache_context
 
     def fresh(with_cache, patch):
-        model = T.transformer("sd3") if kind == "sd3" else T.flux()
+        model = S.model(kind)
         if with_cache:
-            getattr(dh, apply_name)(model, config())
+            S.apply(model, kind, cache)
         if patch:
             tomesd.apply_patch(model, mode="downsample")
         return model
@@ -247,8 +213,8 @@ def test_diffusers_step_caches_stack_with_downsampling(kind, cache):
         attns = [b.attn for b in model.modules() if type(b).__name__.endswith("TransformerBlock")]
         handles = [a.to_k.register_forward_pre_hook(lambda m, a: seen[-1].append(a[0].shape[1])) for a in attns]
         try:
-            for t in TIMESTEPS:
-                _Timestep.value = t
+            for t in S.TIMESTEPS:
+                S.Clock.value = t
                 seen.append([])
                 inputs = T.transformer_inputs("sd3", t=t) if kind == "sd3" else T.flux_inputs(t=t / 1000)
                 _set_cache_context(model, CacheContext("cond"))
@@ -272,13 +238,11 @@ def test_diffusers_step_caches_stack_with_downsampling(kind, cache):
     assert all(torch.equal(a, b) for a, b in zip(both, again))  # deterministic
     assert (both[-1] - cache_only[-1]).abs().max().item() > 1000 * TOL
     tomesd.remove_patch(both_model)  # the cache alone again, from a fresh run
-    HookRegistry.check_if_exists_or_initialize(both_model).reset_stateful_hooks(recurse=True)
+    S.reset(both_model)
     after, after_q = loop(both_model)
     assert after_q == cache_q and all(torch.equal(a, b) for a, b in zip(after, cache_only))
     model = fresh(True, True)
     loop(model)
-    registry = HookRegistry.check_if_exists_or_initialize(model)
-    for name in hook_names:
-        registry.remove_hook(name, recurse=True)  # the patch alone again
+    S.remove(model, cache)  # the patch alone again
     off, off_q = loop(model)
     assert off_q == tome_q and all(torch.equal(a, b) for a, b in zip(off, tome_only))

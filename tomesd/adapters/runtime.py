@@ -183,7 +183,10 @@ class ToMePatch:
         attention = sublayer(self.blocks[index], span.attention)
         if attention is None or attention is self.blocks[index]:
             return
-        seated = [o for o in self.host.inner_hook_owners(attention) if isinstance(o, SpanInterior) and o.patch is self]
+        owners = getattr(self.host, "inner_hook_owners", None)
+        if owners is None:  # a host with no forward chains to seat in (paddle): no diffusers caches either
+            return
+        seated = [o for o in owners(attention) if isinstance(o, SpanInterior) and o.patch is self]
         if guards.keeps_outputs(attention) == bool(seated):
             return
         if seated:  # the cache was removed
@@ -199,8 +202,7 @@ class ToMePatch:
         inner = getattr(self.host, "add_inner_hooks", None)
         if inner is not None:
             inner(module, pre, post, self)
-            if not any(m is module for m in self._hooked):
-                self._hooked.append(module)
+            self._track(module)
             return
         if pre is not None:
             self._hook(module, self.host.add_pre_hook, pre)
@@ -209,6 +211,10 @@ class ToMePatch:
 
     def _hook(self, module: Any, register: Any, hook: Any) -> None:
         register(module, hook)
+        self._track(module)
+
+    def _track(self, module: Any) -> None:
+        """`module` holds hooks of this patch (detach visits it)."""
         if not any(m is module for m in self._hooked):
             self._hooked.append(module)
 

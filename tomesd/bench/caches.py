@@ -119,9 +119,9 @@ def check(name: Optional[str], model_class: str, backend: str, compile: bool, st
         raise ValueError("--cache needs a denoising loop to act on: add --steps N (N >= 2)")
     reason = CACHES[name].fails_on.get(model_class)
     if reason is not None:
-        works = [other for other, cache in CACHES.items() if model_class not in cache.fails_on]
+        others = [other for other, cache in CACHES.items() if model_class not in cache.fails_on]
         raise ValueError(f"--cache {name} fails on {model_class} in diffusers itself ({reason}); "
-                         f"choose one of {', '.join(works)}")
+                         f"choose another cache (none of {', '.join(others)} is known to fail there)")
 
 
 @contextlib.contextmanager
