@@ -4,7 +4,8 @@ Queries keep every token, so attention still returns one output per token and no
 unmerged; only the keys/values shrink, by `factor` per side. Both methods are an index map over
 the grid, like a merge: "nearest" keeps the top-left token of each factor-by-factor cell (what
 nearest interpolation by 1/factor picks), "avg" is the mean of each cell (average pooling with
-partial cells at the far edges averaged over the tokens they hold).
+partial cells at the far edges averaged over the tokens they hold). A video's frames (one sequence of
+`frames` grids, frame-major) are each downsampled on their own grid: no cell spans two frames.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from .matching import TokenMerge
 
 
 class KVDownsample:
-    """A computed downsampling: maps a block's [B, h*w, C] tokens to [B, ceil(h/f)*ceil(w/f), C]."""
+    """A computed downsampling: maps a block's [B, frames*h*w, C] tokens to [B, frames*ceil(h/f)*ceil(w/f), C]."""
 
     def __init__(self, xp: Backend, keep: Optional[Any], pool: Optional[TokenMerge], n: int, m: int):
         self._xp = xp
@@ -32,22 +33,27 @@ class KVDownsample:
 
 
 def compute_downsample(
-    xp: Backend, like: Any, batch: int, w: int, h: int, factor: int, method: str
+    xp: Backend, like: Any, batch: int, w: int, h: int, factor: int, method: str, frames: int = 1
 ) -> Optional[KVDownsample]:
-    """The downsampling of an h-by-w grid of `batch` sequences, or None when it keeps every token."""
+    """The downsampling of `frames` h-by-w grids (one after another) in each of `batch` sequences, or None
+    when it keeps every token."""
     if factor <= 1 or (h <= 1 and w <= 1):
         return None
     hh, ww = -(-h // factor), -(-w // factor)
-    n, m = h * w, hh * ww
+    n, m = frames * h * w, frames * hh * ww
     if method == "nearest":
         keep = xp.reshape(
-            xp.reshape(xp.arange(h, like, step=factor) * w, [hh, 1]) + xp.reshape(xp.arange(w, like, step=factor), [1, ww]),
+            xp.reshape(xp.arange(frames * h * w, like, step=h * w), [frames, 1, 1])
+            + xp.reshape(xp.arange(h, like, step=factor) * w, [1, hh, 1])
+            + xp.reshape(xp.arange(w, like, step=factor), [1, 1, ww]),
             [m],
         )
         return KVDownsample(xp, keep, None, n, m)
     if method == "avg":
         cell = xp.reshape(
-            xp.reshape((xp.arange(h, like) // factor) * ww, [h, 1]) + xp.reshape(xp.arange(w, like) // factor, [1, w]),
+            xp.reshape(xp.arange(frames * hh * ww, like, step=hh * ww), [frames, 1, 1])
+            + xp.reshape((xp.arange(h, like) // factor) * ww, [1, h, 1])
+            + xp.reshape(xp.arange(w, like) // factor, [1, 1, w]),
             [1, n],
         )
         flat_rows = xp.reshape(cell + xp.reshape(xp.arange(batch * m, like, step=m), [batch, 1]), [batch * n])

@@ -324,10 +324,12 @@ def test_wan_architecture_merges_its_space_time_grid_at_a_non_square_size(tmp_pa
     assert bench(argv) == 0
     assert "tiny Wan transformer, 9 frames at 64x96" in capsys.readouterr().out
     doc = json.loads(out_json.read_text())
-    rows = {r["method"]: r for r in doc["results"]}
-    assert list(rows["baseline"]["tokens"].values()) == [[2 * 72, 2 * 72]]  # 2 blocks
-    assert list(rows["tome"]["tokens"].values()) == [[2 * 72, 2 * 36]]
-    assert rows["tome"]["output_change"] > 0
+    rows = {(r["method"], r["mode"]): r for r in doc["results"]}
+    assert list(rows["baseline", "merge"]["tokens"].values()) == [[2 * 72, 2 * 72]]  # 2 blocks
+    assert list(rows["tome", "merge"]["tokens"].values()) == [[2 * 72, 2 * 36]]
+    # keys downsampled at the attention dispatch: each frame's 4 x 6 grid to 2 x 3
+    assert list(rows["tome", "downsample"]["tokens"].values()) == [[2 * 72, 2 * 3 * 6]]
+    assert rows["tome", "merge"]["output_change"] > 0 and rows["tome", "downsample"]["output_change"] > 0
 
 
 def test_sdxl_architecture_builds_and_passes_its_added_conditions(monkeypatch, capsys):

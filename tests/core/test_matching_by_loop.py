@@ -398,27 +398,30 @@ def test_each_merge_mode_reduces_each_group_as_the_loop(fw, mode, shared):
 # ----------------------------------------------------------------------------- token downsampling (ToDo)
 
 @pytest.mark.parametrize("method", ["nearest", "avg"])
-@pytest.mark.parametrize("h,w,factor", [(6, 8, 2), (7, 9, 2), (5, 7, 3), (1, 6, 2), (8, 8, 4)])
-def test_downsample_keeps_each_cells_first_token_or_its_mean_as_the_loop(fw, method, h, w, factor):
-    """Each factor x factor cell (partial at the far edges) gives one key/value token: its top-left token
-    ("nearest") or the mean of the tokens it holds ("avg"), cells in row-major order."""
-    gen = generator(h, w, factor, method, "downsample")
+@pytest.mark.parametrize("h,w,factor,frames", [(6, 8, 2, 1), (7, 9, 2, 1), (5, 7, 3, 1), (1, 6, 2, 1), (8, 8, 4, 1),
+                                               (5, 7, 2, 3), (4, 6, 3, 2)])
+def test_downsample_keeps_each_cells_first_token_or_its_mean_as_the_loop(fw, method, h, w, factor, frames):
+    """Each factor x factor cell (partial at the far edges) of each frame's grid gives one key/value token: its
+    top-left token ("nearest") or the mean of the tokens it holds ("avg"), frames then cells in row-major order."""
+    gen = generator(h, w, factor, method, "downsample", frames)
     b = 2
-    x = gen.standard_normal((b, h * w, 5))
+    x = gen.standard_normal((b, frames * h * w, 5))
     hh, ww = -(-h // factor), -(-w // factor)
-    expected = np.zeros((b, hh * ww, 5))
-    for cy in range(hh):
-        for cx in range(ww):
-            cell = [y * w + c for y in range(cy * factor, min(h, cy * factor + factor))
-                    for c in range(cx * factor, min(w, cx * factor + factor))]
-            for i in range(b):
-                rows = [x[i, t].tolist() for t in cell]
-                expected[i, cy * ww + cx] = rows[0] if method == "nearest" else [sum(v) / len(rows) for v in zip(*rows)]
-    down = compute_downsample(fw.xp, fw.tensor(x), b, w, h, factor, method)
+    expected = np.zeros((b, frames * hh * ww, 5))
+    for f in range(frames):
+        for cy in range(hh):
+            for cx in range(ww):
+                cell = [f * h * w + y * w + c for y in range(cy * factor, min(h, cy * factor + factor))
+                        for c in range(cx * factor, min(w, cx * factor + factor))]
+                for i in range(b):
+                    rows = [x[i, t].tolist() for t in cell]
+                    expected[i, (f * hh + cy) * ww + cx] = (
+                        rows[0] if method == "nearest" else [sum(v) / len(rows) for v in zip(*rows)])
+    down = compute_downsample(fw.xp, fw.tensor(x), b, w, h, factor, method, frames)
     out = fw.numpy(down(fw.tensor(x)))
-    assert down.num_kept == hh * ww and out.shape == expected.shape and out.dtype == x.dtype
+    assert down.num_kept == frames * hh * ww and out.shape == expected.shape and out.dtype == x.dtype
     np.testing.assert_allclose(out, expected, rtol=0, atol=TOL)  # means use float32 inverse counts
-    assert compute_downsample(fw.xp, fw.tensor(x), b, w, h, 1, method) is None
+    assert compute_downsample(fw.xp, fw.tensor(x), b, w, h, 1, method, frames) is None
 
 
 # ----------------------------------------------------------------------------- the bipartite_soft_matching_random2d entry point

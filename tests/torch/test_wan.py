@@ -180,8 +180,7 @@ def test_blocks_by_index(model):
     assert seen["self_q"] == [48, 24]
 
 
-@pytest.mark.parametrize("kwargs,message", [(dict(mode="downsample"), "mode='merge'"),
-                                            (dict(max_downsample=1), "^max_downsample"), (dict(blocks=[2]), "^blocks"),
+@pytest.mark.parametrize("kwargs,message", [(dict(max_downsample=1), "^max_downsample"), (dict(blocks=[2]), "^blocks"),
                                             (dict(st=0), "^st must be"), (dict(st=1.5), "^st must be")])
 def test_wan_refuses_what_it_cannot_run_before_any_change(model, kwargs, message):
     with pytest.raises(ValueError, match=message):

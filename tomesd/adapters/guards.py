@@ -79,6 +79,27 @@ def check_projections(attn: Any) -> None:
         )
 
 
+def check_dispatch(attn: Any, block_name: str, host: Any) -> None:
+    """Downsampling at the attention dispatch needs a processor whose code calls diffusers'
+    `dispatch_attention_fn` (diffusers' own Flux and Wan processors, diffusers >= 0.35)."""
+    dispatches = getattr(host, "dispatches", None)
+    processor = getattr(attn, "processor", None)
+    if dispatches is None or not dispatches(processor):
+        raise ValueError(
+            f"mode='downsample' on {block_name} shrinks the rotated keys where its attention processor calls "
+            f"diffusers' dispatch_attention_fn, and {type(processor).__name__} does not call it (diffusers older "
+            f"than 0.35, or a custom processor); use mode='merge', or diffusers' own processor"
+        )
+
+
+def check_downsample_way(attn: Any, way: Any, block_name: str, host: Any) -> None:
+    """What a processor swapped in after apply_patch could break, checked at each call."""
+    if way.via == "projections":
+        check_projections(attn)
+    elif way.via == "dispatch":
+        check_dispatch(attn, block_name, host)
+
+
 def validate(patch: Any) -> None:
     """Raise, before anything is changed, for a block whose merge could not be computed right."""
     args, root, name = patch.args, patch.root, type(patch.root).__name__
@@ -120,6 +141,9 @@ def _validate_downsample(patch: Any) -> None:
         for way in kind.downsample:
             attn = getattr(block, way.attention, None)
             if attn is None:
+                continue
+            if way.via == "dispatch":  # fused or not, the processor rotates keys and dispatches them
+                check_dispatch(attn, type(block).__name__, patch.host)
                 continue
             if way.via == "projections":
                 check_projections(attn)

@@ -14,13 +14,10 @@ from .frameworks import class_names
 
 def _rotates_inside(model: str) -> str:
     return (
-        f"{model} rotates keys inside its attention processor after projecting them, so there is no seam between "
-        f"projection and rotation where keys could be downsampled with their own positions; use mode='merge', "
-        f"which merges image tokens with their rotary positions"
+        f"{model} here (ComfyUI's layout) rotates keys after projecting them and calls attention as a plain "
+        f"function, so no seam takes the rotated keys before attention; use mode='merge', which merges image "
+        f"tokens with their rotary positions (diffusers' {model} takes mode='downsample' at its attention dispatch)"
     )
-
-
-_FLUX_DOWNSAMPLE = _rotates_inside("Flux")
 
 
 @dataclass(frozen=True)
@@ -63,6 +60,9 @@ class Downsample:
       so the host's processor projects keys and values from them (the attention is otherwise self-attention);
     "projections": pre-hooks on its `to_k` / `to_v` give them the downsampled tokens, for attentions
       whose context argument carries text (SD3's joint attention): image keys shrink, text keys stay.
+    "dispatch": the processor's call of diffusers' attention dispatch gets the rotated keys and values with
+      their image rows (the last N) downsampled (backends/torch_dispatch.py), for processors that rotate keys
+      after projecting them (Flux, Wan): text keys stay whole, queries stay full.
     """
 
     attention: str
@@ -120,17 +120,15 @@ BLOCK_KINDS: Dict[str, BlockKind] = {
             sublayers=(Sublayer("attn", "merge_attn", tokens=("hidden_states",), outputs=(0, 2),
                                 rotary="image_rotary_emb"),
                        Sublayer("ff", "merge_mlp")),
-            downsample=(),
-            no_downsample=_FLUX_DOWNSAMPLE,
+            downsample=(Downsample("attn", "dispatch"),),
         ),
         # Flux single-stream blocks join [text, image] inside; norm's output merges (image part), the
         # attention and the MLP run on the merged sequence, proj_out's output unmerges.
         BlockKind(
             "FluxSingleTransformerBlock",
             sublayers=(),
-            downsample=(),
+            downsample=(Downsample("attn", "dispatch"),),
             spans=(Span("norm", 0, ("proj_out",), "merge_attn", attention="attn", rotary_at="attn"),),
-            no_downsample=_FLUX_DOWNSAMPLE,
         ),
         # Wan 2.1 / 2.2: self-attention over every frame's image tokens, its rotary rows [1, S, 1, D] (frame,
         # row and column positions) applied inside the processor; cross-attention to the text (and, for
@@ -140,8 +138,7 @@ BLOCK_KINDS: Dict[str, BlockKind] = {
             sublayers=(Sublayer("attn1", "merge_attn", tokens=("hidden_states",), rotary="rotary_emb", rotary_axis=1),
                        Sublayer("attn2", "merge_crossattn", tokens=("hidden_states",)),
                        Sublayer("ffn", "merge_mlp")),
-            downsample=(),
-            no_downsample=_rotates_inside("Wan"),
+            downsample=(Downsample("attn1", "dispatch"),),
         ),
         # CogVideoX: `attn1` is joint attention over [text, image] given the image as `hidden_states` and the
         # text as `encoder_hidden_states`, returning (image, text); CogVideoX 1.5 / 5B rotate the image

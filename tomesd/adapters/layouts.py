@@ -14,7 +14,8 @@ blocks merge with what r. One strategy per layout; root kinds (roots.py) name th
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+import weakref
+from typing import Any, Dict, Optional, Tuple
 
 from tome_core import block_grid, plan_level_block, plan_grid_block
 
@@ -58,6 +59,10 @@ class Layout:
     def reuse_shape(self, call: Any, plan: Any, batch: int) -> tuple:
         """What a kept matching must have been computed for (besides the grid object itself)."""
         return batch, plan.h, plan.w, None
+
+    def downsample_grid(self, call: Any, plan: Any, host: Any) -> Tuple[int, int, int]:
+        """(frames, rows, cols) of the image tokens mode='downsample' shrinks, each frame on its own."""
+        return 1, plan.h, plan.w
 
 
 class Levels(Layout):
@@ -106,6 +111,7 @@ class Ids(_Coordinates):
         super().__init__(root, kind, xp)
         self.name = kind.ids
         self.spec = InputSpec.find(root, (kind.ids,), False)
+        self._grids: Dict[int, Tuple[Any, Tuple[int, int, int]]] = {}  # id(ids) -> (weak ref, grid), see downsample_grid
 
     def validate(self, patch: Any) -> None:
         if self.spec is None:
@@ -135,6 +141,37 @@ class Ids(_Coordinates):
         ids = ids[0] if len(self.xp.shape(ids)) == 3 else ids  # rows (_, row, col), on the device
         return self.xp.to_int64(ids[:, 1]), self.xp.to_int64(ids[:, 2])
 
+    def downsample_grid(self, call: Any, plan: Any, host: Any) -> Tuple[int, int, int]:
+        """The image's (1, rows, cols). A packed latent's shape does not say them, so they are read from the
+        ids on the host: once per ids tensor (a pipeline passes one per run), eagerly only."""
+        ids = call.grid
+        known = self._grids.get(id(ids))
+        if known is not None and known[0]() is ids:
+            return known[1]
+        if host.is_compiling():
+            raise RuntimeError(
+                "mode='downsample' on Flux reads the image's rows and columns from img_ids on the host (its packed "
+                "latent's shape does not give them), which a compiled graph cannot do; use mode='merge' under "
+                "torch.compile, or run this patch eagerly")
+        rows, cols = self._coords(call, ids)
+        n = self.xp.shape(rows)[0]
+        h, w = int(host.host_float(rows.max())) + 1, int(host.host_float(cols.max())) + 1
+        token = self.xp.arange(n, rows)
+        row_major = n == h * w and host.host_float(
+            self.xp.to_float32(((rows == token // w) & (cols == token % w)).all())) == 1.0
+        if not row_major:
+            raise ValueError(
+                f"mode='downsample' needs {self.name} to be the image's grid in row-major order from (0, 0), as "
+                f"diffusers' Flux pipelines make it; these {n} ids are not a full {h}x{w} grid. Use mode='merge'")
+        self._grids = {key: value for key, value in self._grids.items() if value[0]() is not None}
+        self._grids[id(ids)] = (weakref.ref(ids), (1, h, w))
+        return 1, h, w
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_grids"] = {}  # weak references to this process's tensors
+        return state
+
 
 class SpaceTime(_Coordinates):
     frames_in_sequence = True
@@ -155,6 +192,9 @@ class SpaceTime(_Coordinates):
 
     def reuse_shape(self, call: Any, plan: Any, batch: int) -> tuple:
         return batch, plan.h, plan.w, call.grid  # two grids of one token count are told apart
+
+    def downsample_grid(self, call: Any, plan: Any, host: Any) -> Tuple[int, int, int]:
+        return call.grid
 
 
 class PatchGrid(SpaceTime):

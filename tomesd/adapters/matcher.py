@@ -55,10 +55,11 @@ class Matcher:
         if plan is None:
             return None
         if args.mode == "downsample":
-            key = ("downsample", batch, plan.h, plan.w)
+            frames, h, w = patch.layout.downsample_grid(call, plan, patch.host)
+            key = ("downsample", batch, frames, h, w)
             if key not in call.shared:  # the same index map for every block of the level
                 call.shared[key] = compute_downsample(
-                    patch.xp, x, batch, plan.w, plan.h, args.downsample_factor, args.downsample_method)
+                    patch.xp, x, batch, w, h, args.downsample_factor, args.downsample_method, frames)
                 self._note(call, index, computed=1)
             else:
                 self._note(call, index, reused=1)

@@ -23,7 +23,8 @@ from .observe import CallWatch
 from .roots import root_kind
 from .signatures import CONTEXT, LATENT, TIMESTEP, TOKENS, InputSpec
 from .sites import (
-    BlockEntry, DownsampleContext, DownsampleProjection, MergeSite, SpanEnd, SpanInterior, SpanRotary, SpanStart,
+    BlockEntry, DownsampleContext, DownsampleDispatch, DownsampleProjection, MergeSite, SpanEnd, SpanInterior,
+    SpanRotary, SpanStart,
 )
 
 PATCH_ATTR = "_tome_patch"
@@ -49,6 +50,8 @@ class RootHooks:
         stack = self.patch.calls.current()
         if stack:
             stack.pop()
+        if self.patch.seam is not None:
+            self.patch.seam.clear()  # an attention that raised left its arming
 
 
 def owned_by(target: Any, owner: Any) -> bool:
@@ -90,6 +93,7 @@ class ToMePatch:
         self.timestep_spec = InputSpec.find(root, TIMESTEP, first_positional=False)
         self.matcher = Matcher(self)
         self._hooked: List[Any] = []
+        self.seam: Any = None  # the host's attention dispatch seam, while downsampling uses it (install/detach)
         self._init_runtime()
 
     def _init_runtime(self) -> None:
@@ -108,6 +112,8 @@ class ToMePatch:
         self.__dict__.update(state)
         self._init_runtime()
         self.matcher.reset()  # a copy keeps no matchings
+        if self.seam is not None:
+            self.seam.open()  # the copy's hooks use the process's seam as well
 
     # ---- lifecycle ----
     def validate(self) -> None:
@@ -142,6 +148,12 @@ class ToMePatch:
                 hook = DownsampleContext(self, index, InputSpec.find(attn, TOKENS, first_positional=True),
                                          InputSpec.find(attn, CONTEXT, first_positional=False))
                 self._hook(attn, host.add_pre_hook, hook.pre)
+            elif way.via == "dispatch":
+                if self.seam is None:
+                    self.seam = host.attention_seam()
+                    self.seam.open()
+                hook = DownsampleDispatch(self, index, way.attention, InputSpec.find(attn, TOKENS, first_positional=True))
+                self._around(attn, hook.pre, hook.post)
             else:
                 for projection in guards.KV_PROJECTIONS:
                     hook = DownsampleProjection(self, index, attn, projection)
@@ -223,6 +235,9 @@ class ToMePatch:
         for module in self._hooked:
             remove_owned_hooks(self.host, module, self)
         self._hooked.clear()
+        if self.seam is not None:
+            self.seam.close()
+            self.seam = None
 
     def remove(self) -> None:
         self.detach()
@@ -266,8 +281,8 @@ class ToMePatch:
         if self.args.mode == "downsample":
             for way in self.kinds[index].downsample:
                 attn = getattr(block, way.attention, None)
-                if way.via == "projections" and attn is not None:
-                    guards.check_projections(attn)  # the processor may have been swapped after apply_patch
+                if attn is not None:  # the processor may have been swapped after apply_patch
+                    guards.check_downsample_way(attn, way, type(block).__name__, self.host)
         call.merges.pop(index, None)
         # The grad mode is taken here: LDM's checkpointing runs the block's body under no_grad inside a
         # block entered with gradients on, and training (replay kept, nothing reused) is decided by the latter.

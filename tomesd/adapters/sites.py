@@ -220,3 +220,57 @@ class DownsampleProjection(SiteHook):
                 call.shared["projected"] = (x, small)
             self._record("downsample", x, small)  # once per attention: to_v reuses to_k's
         return ((small,) + args[1:], kwargs) if args else (args, {**kwargs, "input": small})
+
+
+class DownsampleDispatch(SiteHook):
+    """Self-attention whose processor rotates keys itself (Flux, Wan): seated innermost around the attention
+    module, it arms the host's attention dispatch (`patch.seam`, backends/torch_dispatch.py) so the
+    processor's one attention call gets its rotated keys and values with the image rows downsampled."""
+
+    def __init__(self, patch: Any, index: int, attention: str, tokens: InputSpec) -> None:
+        super().__init__(patch, index)
+        self.attention, self.tokens = attention, tokens
+
+    def pre(self, module: Any, args: tuple, kwargs: dict) -> None:
+        down = self.patch.current_merge(self.index, self.tokens.get(args, kwargs))
+        if down is not None:
+            self.patch.seam.arm(lambda backend_kwargs: self._shrink(down, backend_kwargs))
+
+    def post(self, module: Any, args: tuple, output: Any) -> None:
+        if not self.patch.seam.disarm():
+            raise RuntimeError(
+                f"mode='downsample' found no attention call of diffusers' dispatch inside "
+                f"{type(module).__name__} (processor {type(getattr(module, 'processor', None)).__name__}), so "
+                f"its keys were not downsampled; use mode='merge' or diffusers' own processor"
+            )
+
+    def _shrink(self, down: Any, kwargs: dict) -> dict:
+        """The backend's keyword arguments with the image rows (the last N) of keys and values downsampled."""
+        name = f"{self.patch.kind_names[self.index]}.{self.attention}"
+        if kwargs.get("attn_mask") is not None:
+            raise ValueError(f"{MASKED_DOWNSAMPLE} ({name}); use mode='merge'")
+        if kwargs.get("_parallel_config") is not None:
+            raise ValueError(
+                f"mode='downsample' does not run under diffusers' context parallelism ({name}): each rank holds "
+                f"part of the keys; run the model on one process or without ToMe there")
+        key, value = kwargs["key"], kwargs["value"]
+        n, shape = down.num_tokens, self.patch.xp.shape
+        if shape(key)[1] < n or shape(value)[1] != shape(key)[1]:
+            raise ValueError(
+                f"mode='downsample' expected {name}'s keys and values to end with the {n} image tokens "
+                f"[B, S, heads, dim], got {list(shape(key))} and {list(shape(value))}; use mode='merge'")
+        small_key = self._timed("downsample", _shrink_tail, self.patch.xp, down, key, n)
+        text = shape(key)[1] - n
+        self._record("downsample", key[:, text:], small_key[:, text:])
+        if self.patch.seam.observers and not self.patch.host.is_compiling():
+            for observe in self.patch.seam.observers:
+                observe(n, down.num_kept)
+        return {**kwargs, "key": small_key, "value": self._timed("downsample", _shrink_tail, self.patch.xp, down, value, n)}
+
+
+def _shrink_tail(xp: Any, down: Any, x: Any, n: int) -> Any:
+    """[B, S, heads, dim] rows whose last n are the image's: those downsampled, the others (text) kept."""
+    b, s, heads, dim = xp.shape(x)
+    image = down(xp.reshape(x[:, s - n:], [b, n, heads * dim]))
+    image = xp.reshape(image, [b, down.num_kept, heads, dim])
+    return image if s == n else xp.concat([x[:, :s - n], image], 1)

@@ -5,7 +5,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 
 import torch
 
-from . import torch_links
+from . import torch_dispatch, torch_links
 
 
 class TorchArrays:
@@ -147,6 +147,14 @@ class TorchHost:
 
     def inner_hook_owners(self, module: torch.nn.Module) -> list:
         return torch_links.owners(module)
+
+    def attention_seam(self) -> Any:
+        """diffusers' attention dispatch, where keys arrive rotated (torch_dispatch.py)."""
+        return torch_dispatch.SEAM
+
+    def dispatches(self, processor: Any) -> bool:
+        """Whether `processor` calls diffusers' attention dispatch (so the seam sees its keys)."""
+        return torch_dispatch.available() and torch_dispatch.dispatches(processor)
 
 
 backend = TorchArrays()

@@ -41,8 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ratios", default="0.25,0.5,0.75", help="comma-separated ToMe ratios")
     parser.add_argument("--modes", default=None,
                         help="comma-separated: merge (ToMe, one row per ratio), merge-mlp (ToMe with merge_mlp=True, "
-                             "one row per ratio), downsample (ToDo, one row); default merge,downsample (merge alone "
-                             "where downsampling is refused: Flux, Wan)")
+                             "one row per ratio), downsample (ToDo, one row); default merge,downsample")
     parser.add_argument("--reuse-steps", default="1", metavar="K[,K...]",
                         help="merge rows per ratio, one per K: matching reused for K denoising steps (use with --steps)")
     parser.add_argument("--downsample-factor", type=int, default=2, help="per side, with --modes downsample")
@@ -265,11 +264,6 @@ def run(args: argparse.Namespace) -> int:
         if args.arch is not None:
             args.config = ARCH_NAMES[args.arch]
         arch = ARCHS[args.config]
-        if not arch.downsample and "downsample" in modes:
-            if args.modes is not None:
-                raise ValueError(f"--modes downsample: {arch.name} refuses mode='downsample' (its processor rotates "
-                                 f"keys after projecting them); use merge or merge-mlp")
-            modes.remove("downsample")
         if args.frames is not None and not arch.video:
             raise ValueError(f"--frames is for video architectures (animatediff, svd, wan); {arch.name} is an image model")
         if args.frames is not None and args.frames < 1:

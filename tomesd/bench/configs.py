@@ -98,13 +98,12 @@ class Arch:
 
     def __init__(self, name: str, cls: str, config: dict, latent_channels: int, text_dim: int,
                  pooled_dim: int = 0, depth_key: str = "", extra: str = "", motion: "dict | None" = None,
-                 frames: int = 0, downsample: bool = True):
+                 frames: int = 0):
         self.name, self.cls, self.config = name, cls, config
         self.latent_channels, self.text_dim, self.pooled_dim = latent_channels, text_dim, pooled_dim
         self.depth_key, self.extra = depth_key, extra
         self.motion = motion  # video: the motion adapter added to the image UNet (AnimateDiff)
         self.frames = frames or (16 if motion is not None else 0)  # video: the default frames per clip
-        self.downsample = downsample  # False: its blocks refuse mode="downsample" (rotary keys inside the processor)
 
     @property
     def video(self) -> bool:
@@ -139,15 +138,14 @@ ARCHS = {
                    extra="pixart"),
     "tiny-sd3": Arch("tiny SD3 transformer", "SD3Transformer2DModel", TINY_SD3, 4, 16, 8, "num_layers"),
     # --depth D: D double-stream and 2D single-stream blocks (full: 19 and 38)
-    "flux": Arch("Flux.1-dev transformer", "FluxTransformer2DModel", FLUX_DEV, 16, 4096, 768, "num_layers", extra="flux",
-                 downsample=False),
+    "flux": Arch("Flux.1-dev transformer", "FluxTransformer2DModel", FLUX_DEV, 16, 4096, 768, "num_layers", extra="flux"),
     "tiny-flux": Arch("tiny Flux transformer", "FluxTransformer2DModel", TINY_FLUX, 4, 32, 32, "num_layers",
-                      extra="flux", downsample=False),
+                      extra="flux"),
     "svd": Arch("SVD img2vid-xt UNet", "UNetSpatioTemporalConditionModel", SVD_XT, 4, 1024, extra="svd", frames=14),
     "tiny-svd": Arch("tiny SVD UNet", "UNetSpatioTemporalConditionModel", TINY_SVD, 4, 32, extra="svd", frames=3),
     "wan": Arch("Wan 2.1 T2V 1.3B transformer", "WanTransformer3DModel", WAN_13B, 16, 4096, 0, "num_layers",
-                extra="wan", frames=17, downsample=False),
+                extra="wan", frames=17),
     "tiny-wan": Arch("tiny Wan transformer", "WanTransformer3DModel", TINY_WAN, 4, 32, 0, "num_layers", extra="wan",
-                     frames=5, downsample=False),
+                     frames=5),
 }
 FLUX_TEXT_TOKENS = 512  # Flux-dev's T5 sequence

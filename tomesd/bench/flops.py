@@ -25,6 +25,7 @@ def fill_flops(settings: Any, rows: List[Any]) -> None:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
+    from .configs import ARCHS
     from .kits import TorchKit
     from .runner import Config
 
@@ -33,9 +34,10 @@ def fill_flops(settings: Any, rows: List[Any]) -> None:
         model = kit.build(settings.config, settings.seed, settings.depth)
     inputs = kit.inputs(settings.config, settings.batch, settings.res, settings.seed + 1, settings.frames,
                         settings.width or None)
+    flux = ARCHS[settings.config].extra == "flux"
     for row in rows:
-        if not countable(row):
-            continue
+        if not countable(row) or (flux and row.mode == "downsample"):
+            continue  # Flux's downsampling reads its image grid from img_ids on the host: not on meta
         with kit.method(model, Config(row.method, row.ratio, row.mode, row.reuse_steps), settings):
             with FlopCounterMode(display=False) as counter:
                 kit.forward(model, inputs)

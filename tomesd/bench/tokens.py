@@ -25,11 +25,22 @@ def token_counter(model: Any, backend: str) -> Iterator[List[Tuple[str, int]]]:
         getattr(block, block_kind(block).self_attention).to_k.register_forward_pre_hook(hook_for(name))
         for name, block in host.named_modules(model) if id(block) in blocks
     ]
+    seam = None
+    if backend == "torch":  # keys downsampled after to_k, at diffusers' attention dispatch (Flux, Wan)
+        from ..backends.torch_dispatch import SEAM as seam
+
+        def shrunk(before: int, after: int) -> None:
+            if seen:
+                seen[-1] = (seen[-1][0], seen[-1][1] - before + after)
+
+        seam.observers.append(shrunk)
     try:
         yield seen
     finally:
         for handle in handles:
             handle.remove()
+        if seam is not None:
+            seam.observers.remove(shrunk)
 
 
 def counts(seen: List[Tuple[str, int]]) -> List[int]:

@@ -1,0 +1,216 @@
+"""mode="downsample" on Flux and Wan, whose processors rotate keys after projecting them: the keys and values
+are downsampled where the processor hands them, rotated, to diffusers' attention dispatch.
+
+The reference is written here independently of the library: a backend wrapper installed by the test keeps the
+text rows of every self-attention's keys and values whole and shrinks the image rows by slicing the grid
+("nearest") or by average pooling ("avg"), on the unpatched model."""
+import contextlib
+
+import pytest
+import torch
+import torch._dynamo
+import torch.nn.functional as F
+
+import tiny_torch as T
+import tomesd
+from diffusers.models.attention_dispatch import _AttentionBackendRegistry as Registry
+
+TOL = 1e-5
+
+
+def flux_case(h, w):
+    return T.flux, T.flux_inputs(h=h, w=w), (1, h, w)
+
+
+def wan_case(h, w, frames=3):
+    return T.wan, T.wan_inputs(frames=frames, h=2 * h, w=2 * w), (frames, h, w)
+
+
+CASES = {"flux-8x8": flux_case(8, 8), "flux-7x9": flux_case(7, 9), "wan-3x4x4": wan_case(4, 4),
+         "wan-2x5x7": wan_case(5, 7, frames=2)}
+
+
+def shrink_by_hand(x, grid, factor, method):
+    """[B, S, heads, dim] whose last f*h*w rows are frames of an h x w grid: those rows downsampled per frame."""
+    frames, h, w = grid
+    n = frames * h * w
+    b, s, heads, dim = x.shape
+    image = x[:, s - n:].reshape(b, frames, h, w, heads * dim)
+    if method == "nearest":
+        small = image[:, :, ::factor, ::factor]
+    else:  # cells at the far edges averaged over the tokens they hold
+        planes = image.permute(0, 1, 4, 2, 3).reshape(b * frames, heads * dim, h, w)
+        pooled = F.avg_pool2d(planes, factor, ceil_mode=True)
+        small = pooled.reshape(b, frames, heads * dim, *pooled.shape[-2:]).permute(0, 1, 3, 4, 2)
+    return torch.cat([x[:, :s - n], small.reshape(b, -1, heads, dim)], 1)
+
+
+@contextlib.contextmanager
+def backend_by_hand(grid, factor, method, seen):
+    """The active backend, with every self-attention's image keys and values shrunk by hand."""
+    name, fn = Registry.get_active_backend()
+    n = grid[0] * grid[1] * grid[2]
+
+    def shrunk(**kwargs):
+        if kwargs["query"].shape[1] == kwargs["key"].shape[1] >= n:  # self-attention (Wan's cross keys are text)
+            kwargs["key"] = shrink_by_hand(kwargs["key"], grid, factor, method)
+            kwargs["value"] = shrink_by_hand(kwargs["value"], grid, factor, method)
+        seen.append(kwargs["key"].shape[1])
+        return fn(**kwargs)
+
+    Registry._backends[name] = shrunk
+    try:
+        yield
+    finally:
+        Registry._backends[name] = fn
+
+
+@contextlib.contextmanager
+def keys_seen(seen):
+    name, fn = Registry.get_active_backend()
+
+    def counted(**kwargs):
+        seen.append(kwargs["key"].shape[1])
+        return fn(**kwargs)
+
+    Registry._backends[name] = counted
+    try:
+        yield
+    finally:
+        Registry._backends[name] = fn
+
+
+def run(model, inputs):
+    with torch.no_grad():
+        return model(**inputs).sample
+
+
+@pytest.mark.parametrize("method,factor", [("nearest", 2), ("avg", 2), ("nearest", 3)])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_keys_and_values_are_the_rotated_ones_downsampled_text_whole(case, method, factor):
+    build, inputs, grid = CASES[case]
+    model = build().eval()
+    full_keys = []
+    with keys_seen(full_keys):
+        base = run(model, inputs)
+    expected_keys = []
+    with backend_by_hand(grid, factor, method, expected_keys):
+        expected = run(model, inputs)
+    assert (expected - base).abs().max().item() > 1000 * TOL  # downsampling changes the output
+    keys = []
+    with keys_seen(keys):  # outside the patch's wrapper: it sees what the backend gets
+        tomesd.apply_patch(model, mode="downsample", downsample_factor=factor, downsample_method=method)
+        try:
+            out = run(model, inputs)
+        finally:
+            tomesd.remove_patch(model)
+    assert keys == expected_keys and sum(keys) < sum(full_keys)
+    if method == "nearest":
+        assert torch.equal(out, expected)
+    else:  # means taken in another order than avg_pool2d's
+        torch.testing.assert_close(out, expected, rtol=0, atol=TOL)
+    assert torch.equal(run(model, inputs), base)
+
+
+@pytest.mark.parametrize("case", ["flux-7x9", "wan-2x5x7"])
+def test_factor_one_equals_the_host_bit_for_bit(case):
+    build, inputs, _ = CASES[case]
+    model = build().eval()
+    base = run(model, inputs)
+    tomesd.apply_patch(model, mode="downsample", downsample_factor=1)
+    try:
+        assert torch.equal(run(model, inputs), base)
+    finally:
+        tomesd.remove_patch(model)
+
+
+def test_the_registry_is_restored_when_the_last_patch_goes_and_copies_keep_working():
+    import copy
+
+    own = dict(Registry._backends)
+    first, second = T.wan().eval(), T.flux().eval()
+    wan_inputs, flux_inputs = T.wan_inputs(), T.flux_inputs()
+    wan_base = run(first, wan_inputs)
+    tomesd.apply_patch(first, mode="downsample")
+    tomesd.apply_patch(second, mode="downsample")
+    assert all(Registry._backends[name] is not fn for name, fn in own.items())
+    wan_down = run(first, wan_inputs)
+    tomesd.remove_patch(second)
+    copied = copy.deepcopy(first)
+    tomesd.remove_patch(first)
+    assert all(Registry._backends[name] is not fn for name, fn in own.items())  # the copy still uses the seam
+    assert torch.equal(run(copied, wan_inputs), wan_down) and torch.equal(run(first, wan_inputs), wan_base)
+    tomesd.remove_patch(copied)
+    assert all(Registry._backends[name] is fn for name, fn in own.items())
+    run(second, flux_inputs)
+
+
+class SelfMadeProcessor:
+    """A processor that computes attention itself, not through diffusers' dispatch."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
+        q, k, v = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+        out = F.scaled_dot_product_attention(*(t.unflatten(-1, (attn.heads, -1)).transpose(1, 2) for t in (q, k, v)))
+        return attn.to_out[0](out.transpose(1, 2).flatten(2))
+
+
+def test_a_processor_that_bypasses_the_dispatch_is_refused_at_apply_and_at_the_first_call():
+    model = T.wan().eval()
+    inputs = T.wan_inputs()
+    original = model.blocks[0].attn1.processor
+    model.blocks[0].attn1.set_processor(SelfMadeProcessor())
+    with pytest.raises(ValueError, match="SelfMadeProcessor does not call it.*mode='merge'"):
+        tomesd.apply_patch(model, mode="downsample")
+    assert not hasattr(model, "_tome_patch")
+    model.blocks[0].attn1.set_processor(original)
+    tomesd.apply_patch(model, mode="downsample")
+    try:
+        model.blocks[1].attn1.set_processor(SelfMadeProcessor())  # swapped after the patch
+        with pytest.raises(ValueError, match="SelfMadeProcessor does not call it"):
+            run(model, inputs)
+    finally:
+        tomesd.remove_patch(model)
+
+
+def test_wan_downsampling_reads_no_tensor_value_and_traces_as_one_graph():
+    from diffusers import WanTransformer3DModel
+
+    with torch.device("meta"):
+        meta = WanTransformer3DModel(**T.WAN).eval()
+    keys = []
+    with keys_seen(keys):
+        tomesd.apply_patch(meta, mode="downsample")
+        out = run(meta, {k: v.to("meta") for k, v in T.wan_inputs(frames=2, h=6, w=10).items()})
+        tomesd.remove_patch(meta)
+    assert out.device.type == "meta" and keys == [2 * 2 * 3, 6, 2 * 2 * 3, 6]  # 2 frames of 3 x 5 -> 2 x 3; text
+
+    model = T.wan().eval()
+    tomesd.apply_patch(model, mode="downsample")
+    try:
+        torch._dynamo.reset()
+        with torch.no_grad():
+            explained = torch._dynamo.explain(model)(**T.wan_inputs())
+        assert explained.graph_break_count == 0 and explained.graph_count == 1
+    finally:
+        torch._dynamo.reset()
+        tomesd.remove_patch(model)
+
+
+def test_flux_reads_its_grid_once_per_ids_tensor_and_refuses_a_compiled_first_read():
+    model = T.flux().eval()
+    inputs = T.flux_inputs(h=7, w=9)
+    tomesd.apply_patch(model, mode="downsample")
+    try:
+        layout = model._tome_patch.layout
+        run(model, inputs)
+        run(model, inputs)
+        assert [grid for _, grid in layout._grids.values()] == [(1, 7, 9)]
+        torch._dynamo.reset()
+        with pytest.raises(RuntimeError, match="use mode='merge' under torch.compile"):
+            torch.compile(model, backend="eager")(**T.flux_inputs(h=7, w=9))
+        shifted = dict(inputs, img_ids=inputs["img_ids"] + torch.tensor([0.0, 1.0, 0.0]))  # rows from 1
+        with pytest.raises(ValueError, match="row-major order from \\(0, 0\\)"):
+            run(model, shifted)
+    finally:
+        torch._dynamo.reset()
+        tomesd.remove_patch(model)

@@ -1,0 +1,149 @@
+"""diffusers' attention dispatch as a seam after the rotary embedding, for mode="downsample".
+
+Flux's and Wan's attention processors project queries, keys and values, rotate queries and keys by
+per-token rows, and call `dispatch_attention_fn`, which looks the attention backend's function up by name
+in `_AttentionBackendRegistry._backends` at every call. No module boundary lies between rotation and
+attention, but that lookup is one: while a patch needs it, each registered backend function is wrapped.
+The attention module's innermost hook arms the wrapper for its own call (`arm`), the first backend call
+inside hands its rotated keys and values to the armed function, and the module's post-hook checks that
+one did (`disarm`). A rotary embedding acts on each token alone, so keeping rows of rotated keys equals
+rotating the kept rows: the host's processor runs unchanged.
+
+Unarmed, a wrapper passes the call through as it came, so other models in the process see the backend they
+had. The wrappers go when the last patch using them is removed. The armed slot is per thread in eager mode
+and a plain attribute while a graph compiler traces (thread-locals break graphs), as calls.py keeps calls.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+KeyValues = Callable[[Dict[str, Any]], Dict[str, Any]]
+
+
+class Arming:
+    """One attention call's rewrite of the backend's keyword arguments, and whether a backend call took it."""
+
+    __slots__ = ("rewrite", "taken")
+
+    def __init__(self, rewrite: KeyValues) -> None:
+        self.rewrite, self.taken = rewrite, False
+
+
+class _ThreadSlot(threading.local):
+    def __init__(self) -> None:
+        self.armed: Optional[Arming] = None
+
+
+def _registry() -> Any:
+    try:
+        from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+    except ImportError:
+        return None
+    return _AttentionBackendRegistry
+
+
+def available() -> bool:
+    """Whether the installed diffusers dispatches attention by a registry of backends."""
+    return _registry() is not None and hasattr(_registry(), "_backends")
+
+
+class DispatchSeam:
+    """The wrapped backends of this process: one instance, shared by every patch that downsamples there."""
+
+    def __init__(self) -> None:
+        self._thread = _ThreadSlot()
+        self._traced: Optional[Arming] = None
+        self._users = 0
+        self._originals: Dict[Any, Callable] = {}  # backend name -> its own function
+        # Called eagerly with (image keys before, after) at each downsampling: the benchmark's token count.
+        self.observers: List[Callable[[int, int], None]] = []
+
+    def __reduce__(self) -> str:  # a copied patch shares the process's seam
+        return "SEAM"
+
+    # ---- users ----
+    def open(self) -> None:
+        """A patch starts to use the seam: wrap every registered backend (on the first user)."""
+        self._users += 1
+        if self._users == 1:
+            backends = _registry()._backends
+            for name, fn in list(backends.items()):
+                if not isinstance(fn, _Wrapped):
+                    self._originals[name] = fn
+                    backends[name] = _Wrapped(self, fn)
+
+    def close(self) -> None:
+        """A patch is done with the seam: the last one puts every backend's own function back, where a
+        wrapper of ours still holds its place (a backend registered again since keeps the new function)."""
+        self._users = max(self._users - 1, 0)
+        if self._users:
+            return
+        backends = _registry()._backends
+        for name, fn in self._originals.items():
+            current = backends.get(name)
+            if isinstance(current, _Wrapped) and current.seam is self:
+                backends[name] = fn
+        self._originals.clear()
+        self.clear()
+
+    @property
+    def in_use(self) -> bool:
+        return self._users > 0
+
+    # ---- one attention call ----
+    def arm(self, rewrite: KeyValues) -> None:
+        arming = Arming(rewrite)
+        if torch.compiler.is_compiling():
+            self._traced = arming
+        else:
+            self._thread.armed = arming
+
+    def disarm(self) -> bool:
+        """Clear this call's arming; whether a backend call took it."""
+        arming = self._take_slot()
+        return arming is None or arming.taken
+
+    def clear(self) -> None:
+        """Drop an arming left by an attention call that raised (the root's exit calls this)."""
+        self._take_slot()
+
+    def _take_slot(self) -> Optional[Arming]:
+        if torch.compiler.is_compiling():
+            arming, self._traced = self._traced, None
+        else:
+            arming, self._thread.armed = self._thread.armed, None
+        return arming
+
+    def _armed(self) -> Optional[Arming]:
+        return self._traced if torch.compiler.is_compiling() else self._thread.armed
+
+
+class _Wrapped:
+    """A registered backend function, rewriting the keys and values of an armed call before it runs.
+    diffusers calls backends by keyword only, and reads their parameter names from what it registered."""
+
+    __slots__ = ("seam", "fn", "__wrapped__")
+
+    def __init__(self, seam: DispatchSeam, fn: Callable) -> None:
+        self.seam, self.fn = seam, fn
+        self.__wrapped__ = fn
+
+    def __call__(self, **kwargs: Any) -> Any:
+        arming = self.seam._armed()
+        if arming is not None and not arming.taken:
+            arming.taken = True  # one attention per arming: an IP-Adapter's second attention stays whole
+            kwargs = arming.rewrite(kwargs)
+        return self.fn(**kwargs)
+
+
+SEAM = DispatchSeam()
+
+
+def dispatches(processor: Any) -> bool:
+    """Whether an attention processor's code calls diffusers' `dispatch_attention_fn` (its module imports it)."""
+    module = sys.modules.get(type(processor).__module__) if processor is not None else None
+    return module is not None and callable(getattr(module, "dispatch_attention_fn", None))
