@@ -281,8 +281,11 @@ def plan_level_block(
         w=w,
         h=h,
         r=r,
-        # An odd batch cannot hold matching cond/uncond halves; random dst then causes artifacts.
-        use_rand=args.use_rand and batch % 2 == 0,
+        # The reference implementation turned random dst off for odd batches: its draws came from a generator
+        # that advanced between calls, so guidance halves run as two calls got different patterns. These draws
+        # are keyed by (seed, timestep, block): two calls of one step draw alike, and a batch split over calls
+        # merges as one call.
+        use_rand=args.use_rand,
         site_r=site_r,
     )
 
@@ -300,4 +303,4 @@ def plan_grid_block(args: ToMeArgs, grid_hw: Tuple[int, int], batch: int, num_to
     if args.mode == "downsample":
         return BlockPlan(level=1, w=w, h=h, r=0, use_rand=False)
     r, site_r = _site_r(args, num_tokens, ratio)
-    return BlockPlan(level=1, w=w, h=h, r=r, use_rand=args.use_rand and batch % 2 == 0, site_r=site_r)
+    return BlockPlan(level=1, w=w, h=h, r=r, use_rand=args.use_rand, site_r=site_r)

@@ -57,8 +57,8 @@ def apply_patch(
       ratio (0.5): fraction of tokens merged away in each merging block; or a mapping of sites to
       ratios, {"attn": 0.5, "crossattn": 0.3, "mlp": 0.25}: each named site merges at its own ratio
       (one matching per block serves them all), unnamed sites do not (the merge_* flags follow).
-      sx, sy (2, 2): stride of the dst grid; use_rand (True): random dst in each cell (off for odd
-      batches). merge_attn (True) / merge_crossattn (False) / merge_mlp (False): where tokens merge.
+      sx, sy (2, 2): stride of the dst grid; use_rand (True): random dst in each cell (odd batches
+      included: a batch split over calls merges as one call). merge_attn (True) / merge_crossattn (False) / merge_mlp (False): where tokens merge.
       seed: the seed of the random dst pattern (default None: tome_core.DEFAULT_SEED, i.e. 0). A
       block's pattern is a function of the seed, the call's timestep and the block's index, so the
       same weights and inputs give the same outputs in any process, on torch and paddle alike;

@@ -11,6 +11,7 @@ import torch
 import torch._dynamo
 import torch.nn.functional as F
 
+import step_caches as S
 import tiny_torch as T
 import tomesd
 from diffusers.models.attention_dispatch import _AttentionBackendRegistry as Registry
@@ -214,3 +215,39 @@ def test_flux_reads_its_grid_once_per_ids_tensor_and_refuses_a_compiled_first_re
     finally:
         torch._dynamo.reset()
         tomesd.remove_patch(model)
+
+
+@pytest.mark.parametrize("kind,cache", [(k, c) for k in ("flux", "wan") for c in ("taylorseer", "fastercache", "pab")
+                                        if (k, c) not in S.FAILS_IN_DIFFUSERS])
+def test_downsampling_stacks_with_a_step_cache_in_either_order(kind, cache):
+    """The arming sits innermost in the attention's forward chain: a cached step skips the attention (and
+    arms nothing), a computed one downsamples; the pair does not depend on which was applied first, and
+    removing the patch leaves the cache as it is alone."""
+    def net(patch=True, patch_first=False):
+        model = S.model(kind)
+        if patch and patch_first:
+            tomesd.apply_patch(model, mode="downsample")
+        S.apply(model, kind, cache)
+        if patch and not patch_first:
+            tomesd.apply_patch(model, mode="downsample")
+        return model
+
+    keys = []
+    with keys_seen(keys):  # entered first: the patch's wrapper hands it the downsampled keys
+        both_net = net()
+        both, both_q, _ = S.loop(kind, both_net)
+        tomesd.remove_patch(both_net)
+    S.reset(both_net)
+    after, _, _ = S.loop(kind, both_net)  # the cache alone again
+    other = net(patch_first=True)
+    again, _, _ = S.loop(kind, other)
+    tomesd.remove_patch(other)
+    full_keys = []
+    with keys_seen(full_keys):
+        cache_only, cache_q, _ = S.loop(kind, net(patch=False))
+    assert [len(step) for step in both_q] == [len(step) for step in cache_q]
+    assert sum(len(step) for step in cache_q) < len(cache_q) * len(cache_q[0])  # the cache skips
+    assert len(keys) == len(full_keys) and sum(keys) < sum(full_keys)  # every computed attention downsamples
+    assert all(torch.equal(a, b) for a, b in zip(both, again))
+    assert max((a - b).abs().max().item() for a, b in zip(both, cache_only)) > 1000 * TOL
+    assert all(torch.equal(a, b) for a, b in zip(after, cache_only))
