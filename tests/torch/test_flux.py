@@ -166,6 +166,25 @@ def test_flux_refuses_what_it_cannot_run_before_any_change(model, kwargs, messag
     assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
 
 
+def test_downsampling_runs_where_diffusers_dispatches_attention_and_is_refused_by_name_where_not(model):
+    """diffusers 0.35 and later hand rotated keys to an attention dispatch, where they are downsampled
+    (test_downsample_dispatch.py); older processors call attention themselves, so nothing could shrink."""
+    from tomesd.backends import torch_dispatch
+
+    inputs = T.flux_inputs()
+    if torch_dispatch.available():
+        base = run(model, inputs)
+        tomesd.apply_patch(model, mode="downsample")
+        try:
+            assert (run(model, inputs) - base).abs().max().item() > 1e-2
+        finally:
+            tomesd.remove_patch(model)
+    else:
+        with pytest.raises(ValueError, match="diffusers older than 0.35.*use mode='merge'"):
+            tomesd.apply_patch(model, mode="downsample")
+        assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
+
+
 def test_reference_image_tokens_are_refused_clearly(model):
     inputs = T.flux_inputs()
     inputs["img_ids"] = torch.cat([inputs["img_ids"], inputs["img_ids"][:4]])  # ids of more tokens than the latent
