@@ -385,7 +385,26 @@ def test_a_step_cache_runs_alone_and_under_each_setting(tmp_path, capsys, config
         assert list(both["tokens"].values()) and all(a < b for b, a in both["tokens"].values())
 
 
+def test_several_caches_run_side_by_side_in_one_run(tmp_path, capsys):
+    """--cache a,b: each cache alone and stacked under each setting, beside one baseline and one row per
+    setting, all in one interleaved run; each cache acts on its own rows."""
+    out_json = tmp_path / "r.json"
+    argv = ["--config", "tiny-sd3", "--res", "64", "--repeats", "1", "--warmup", "0", "--ratios", "0.5", "--modes",
+            "merge", "--steps", "6", "--cache", "taylorseer,pab", "--no-memory", "--json", str(out_json)]
+    assert bench(argv) == 0
+    printed = capsys.readouterr().out
+    rows = {(r["method"], r["cache"]): r for r in json.loads(out_json.read_text())["results"]}
+    assert set(rows) == {(m, c) for m in ("baseline", "tome") for c in (None, "taylorseer", "pab")}
+    for cache in ("taylorseer", "pab"):
+        assert f"| {cache} alone |" in printed and f"| ToMe (ours) r=0.5 + {cache} |" in printed
+        assert rows[("baseline", cache)]["loop_change"] > 1e-4  # the cache acts alone
+    assert rows[("baseline", "taylorseer")]["loop_change"] != rows[("baseline", "pab")]["loop_change"]
+
+
 @pytest.mark.parametrize("argv,message", [
+    (["--config", "tiny-sd3", "--cache", "taylorseer,nope", "--steps", "4"], "choose one or more of"),
+    (["--config", "tiny-sd3", "--cache", "taylorseer,fbc", "--steps", "4"],
+     "fails on SD3Transformer2DModel in diffusers itself"),
     (["--config", "tiny-sd3", "--cache", "fbc", "--steps", "4"], "fails on SD3Transformer2DModel in diffusers itself"),
     (["--config", "tiny", "--cache", "fbc", "--steps", "4"], "fails on UNet2DConditionModel"),
     (["--config", "tiny-sd3", "--cache", "taylorseer"], "--steps N"),

@@ -105,12 +105,24 @@ CACHES: Dict[str, Cache] = {
 }
 
 
-def check(name: Optional[str], model_class: str, backend: str, compile: bool, steps: int) -> None:
+def names(text: Optional[str]) -> Tuple[str, ...]:
+    """`--cache`'s value: one cache or several, comma-separated (each is run alone and stacked, side by side)."""
+    if text is None:
+        return ()
+    picked = tuple(dict.fromkeys(part.strip() for part in text.split(",")))
+    unknown = [name for name in picked if name not in CACHES]
+    if not picked or unknown:
+        raise ValueError(f"--cache {text!r}: choose one or more of {', '.join(CACHES)}, comma-separated")
+    return picked
+
+
+def check(picked: Tuple[str, ...], model_class: str, backend: str, compile: bool, steps: int) -> None:
     """ValueError, in the user's terms, for a cache this run cannot use on a `model_class` denoiser."""
-    if name is None:
-        return
-    if name not in CACHES:
-        raise ValueError(f"--cache {name!r}: choose from {', '.join(CACHES)}")
+    for name in picked:
+        _check_one(name, model_class, backend, compile, steps)
+
+
+def _check_one(name: str, model_class: str, backend: str, compile: bool, steps: int) -> None:
     if backend != "torch":
         raise ValueError("--cache runs diffusers' caches: torch only")
     if compile:

@@ -75,10 +75,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="time a loop of N UNet calls over distinct timesteps per configuration (default 1); "
                              "with --model: denoising steps (default 20)")
     parser.add_argument("--grid", metavar="PATH", default="bench-out/grid.png", help="image grid written with --model")
-    parser.add_argument("--cache", choices=list(caches.CACHES), default=None,
-                        help="with --steps: also run one of diffusers' step caches (First Block Cache, TaylorSeer, "
-                             "FasterCache, Pyramid Attention Broadcast, MagCache) alone and under each ToMe "
-                             "setting (torch)")
+    parser.add_argument("--cache", metavar="NAME[,NAME...]", default=None,
+                        help=f"with --steps: also run diffusers' step caches ({', '.join(caches.CACHES)}: First "
+                             "Block Cache, TaylorSeer, FasterCache, Pyramid Attention Broadcast, MagCache), each "
+                             "alone and under each ToMe setting, side by side (torch)")
     parser.add_argument("--compile", action="store_true",
                         help="torch only: time a torch.compile'd UNet per configuration (first call reported apart)")
     parser.add_argument("--preset", choices=["gpu"], default=None,
@@ -277,7 +277,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--compare runs tomesd 0.1.3, which cannot patch {arch.cls}")
         if args.cache is not None and args.model is not None:
             raise ValueError("--cache goes with the loop bench (--steps), not --model")
-        caches.check(args.cache, arch.cls, args.backend, args.compile, args.steps or 1)
+        picked_caches = caches.names(args.cache)
+        caches.check(picked_caches, arch.cls, args.backend, args.compile, args.steps or 1)
         if args.depth is not None and not (arch.transformer and 1 <= args.depth <= arch.full_depth):
             raise ValueError(f"--depth cuts a transformer's blocks (1 to {arch.full_depth})" if arch.transformer
                              else f"--depth is for transformers; {arch.name} is a UNet")
@@ -294,7 +295,7 @@ def run(args: argparse.Namespace) -> int:
             compile=args.compile, compile_backend=args.compile_backend or "inductor",
             modes=tuple(modes), reuse_steps=tuple(reuse), downsample_factor=args.downsample_factor,
             downsample_method=args.downsample_method, steps=1 if args.model is not None else (args.steps or 1),
-            cache=args.cache, frames=args.frames or arch.frames or 16,
+            caches=picked_caches, frames=args.frames or arch.frames or 16,
         )
         kit = make_kit(settings.backend, settings.device, settings.dtype)
         if settings.compile and settings.compile_backend not in kit.compile_backends():
@@ -363,8 +364,8 @@ def run(args: argparse.Namespace) -> int:
               "over every pair of tokens, which merging shrinks quadratically (they can exceed it)")
     if cpu_memory:
         print("peak memory: peak RSS of one forward in a fresh process (model weights included)")
-    if settings.cache:
-        print(f"{settings.cache}: diffusers' {caches.CACHES[settings.cache].title}, fresh for each timed loop; "
+    for cache in settings.caches:
+        print(f"{cache}: diffusers' {caches.CACHES[cache].title}, fresh for each timed loop; "
               f"output change is that of the loop's last call")
     if pipeline is not None:
         n_images = len(pipeline["prompts"]) * len(pipeline["seeds"])

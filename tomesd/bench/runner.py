@@ -38,7 +38,7 @@ class Settings:
     downsample_factor: int = 2
     downsample_method: str = "nearest"
     steps: int = 1  # UNet calls per timed run, over distinct timesteps (a denoising loop)
-    cache: Optional[str] = None  # diffusers' step cache run beside ToMe (caches.CACHES), with --steps
+    caches: Tuple[str, ...] = ()  # diffusers' step caches run beside ToMe (caches.CACHES), with --steps
     frames: int = 16  # video architectures: frames per clip
     width: int = 0  # image width in pixels; 0: res (square)
 
@@ -94,8 +94,9 @@ def configurations(settings: Settings) -> List[Config]:
         configs.append(Config("tome", None, "downsample"))
     if settings.compare:
         configs += [Config("reference", ratio) for ratio in settings.ratios]
-    if settings.cache:  # the cache alone, and stacked under each of our settings
-        configs += [replace(c, cache=settings.cache) for c in configs if c.method in ("baseline", "tome")]
+    # Each cache alone, and stacked under each of our settings, all interleaved in one run.
+    plain = [c for c in configs if c.method in ("baseline", "tome")]
+    configs += [replace(c, cache=cache) for cache in settings.caches for c in plain]
     return configs
 
 

@@ -24,7 +24,7 @@ import os
 import platform
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from ..bench.caches import CACHES
 from . import metrics
@@ -116,12 +116,13 @@ WAN_SETTINGS = [
 SETTINGS = {"sd1": DEFAULT_SETTINGS, "sd3": SD3_SETTINGS, "video": VIDEO_SETTINGS, "wan": WAN_SETTINGS}
 
 
-def with_cache(settings: List[Setting], cache: Optional[str]) -> List[Setting]:
-    """`settings` (the baseline first), then the cache alone and stacked under each other setting."""
-    if cache is None:
-        return list(settings)
-    return list(settings) + [Setting(f"{cache} alone", None, cache)] + [
-        Setting(f"{s.name} + {cache}", s.kwargs, cache) for s in settings[1:]]
+def with_cache(settings: List[Setting], picked: Sequence[str]) -> List[Setting]:
+    """`settings` (the baseline first), then each cache alone and stacked under each other setting."""
+    stacked = list(settings)
+    for cache in picked:
+        stacked += [Setting(f"{cache} alone", None, cache)] + [
+            Setting(f"{s.name} + {cache}", s.kwargs, cache) for s in settings[1:]]
+    return stacked
 
 
 @dataclass
@@ -381,8 +382,9 @@ def add_arguments(parser: Any) -> None:
                         help="the yardstick model: sd1 (the digits UNet, default), sd3 (the SD3-shaped transformer), "
                              "video (AnimateDiff's motion UNet on moving digits, 8 frames) or wan (Wan's transformer "
                              "on the same clips, one space-time grid)")
-    parser.add_argument("--cache", choices=list(CACHES), default=None,
-                        help="also run diffusers' step cache alone and stacked under each setting")
+    parser.add_argument("--cache", metavar="NAME[,NAME...]", default=None,
+                        help=f"also run diffusers' step caches ({', '.join(CACHES)}), each alone and stacked under "
+                             "each setting")
     parser.add_argument("--images", type=int, default=64, help="samples per setting (labels 0-9 in turn)")
     parser.add_argument("--chunk", type=int, default=16, help="images per sampling call (x2 with guidance)")
     parser.add_argument("--steps", type=int, default=sampling.STEPS,
@@ -428,8 +430,9 @@ def run(args: Any) -> int:
             settings = [settings[0]] + [s for s in settings[1:] if s.name in wanted]
         from ..bench import caches
 
-        caches.check(args.cache, M.spec(args.arch).host, "torch", False, args.steps)
-        settings = with_cache(settings, args.cache)
+        picked = caches.names(args.cache)
+        caches.check(picked, M.spec(args.arch).host, "torch", False, args.steps)
+        settings = with_cache(settings, picked)
         if args.plot:
             import matplotlib  # noqa: F401  (checked before the work, not after)
         models = M.load(args.weights, args.arch)
