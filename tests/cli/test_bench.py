@@ -390,15 +390,15 @@ def test_several_caches_run_side_by_side_in_one_run(tmp_path, capsys):
     setting, all in one interleaved run; each cache acts on its own rows."""
     out_json = tmp_path / "r.json"
     argv = ["--config", "tiny-sd3", "--res", "64", "--repeats", "1", "--warmup", "0", "--ratios", "0.5", "--modes",
-            "merge", "--steps", "6", "--cache", "taylorseer,pab", "--no-memory", "--json", str(out_json)]
+            "merge", "--steps", "6", "--cache", "taylorseer,fastercache", "--no-memory", "--json", str(out_json)]
     assert bench(argv) == 0
     printed = capsys.readouterr().out
     rows = {(r["method"], r["cache"]): r for r in json.loads(out_json.read_text())["results"]}
-    assert set(rows) == {(m, c) for m in ("baseline", "tome") for c in (None, "taylorseer", "pab")}
-    for cache in ("taylorseer", "pab"):
+    assert set(rows) == {(m, c) for m in ("baseline", "tome") for c in (None, "taylorseer", "fastercache")}
+    for cache in ("taylorseer", "fastercache"):
         assert f"| {cache} alone |" in printed and f"| ToMe (ours) r=0.5 + {cache} |" in printed
         assert rows[("baseline", cache)]["loop_change"] > 1e-4  # the cache acts alone
-    assert rows[("baseline", "taylorseer")]["loop_change"] != rows[("baseline", "pab")]["loop_change"]
+    assert rows[("baseline", "taylorseer")]["loop_change"] != rows[("baseline", "fastercache")]["loop_change"]
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -33,6 +33,11 @@ class StepClock:
         self.value = value * 1000 if value <= 1.0 else value  # Flux takes sigmas (t / 1000)
 
 
+# Every block attention of the transformers the bench builds: SD3's and Flux's `attn` (and SD3.5's `attn2`),
+# Wan's and PixArt's `attn1` and `attn2`.
+ATTENTIONS = r"(blocks|transformer_blocks|single_transformer_blocks)\.\d+\.attn\d?"
+
+
 @dataclass(frozen=True)
 class Cache:
     title: str
@@ -53,18 +58,23 @@ def _taylorseer(clock: StepClock, steps: int) -> Any:
     import torch
     from diffusers.hooks import TaylorSeerCacheConfig
 
-    # diffusers' defaults (full steps 0-2, then one full step in 5), Taylor factors kept in float32.
-    return TaylorSeerCacheConfig(taylor_factors_dtype=torch.float32)
+    # diffusers' defaults (full steps 0-2, then one full step in 5), Taylor factors kept in float32. Its default
+    # identifiers end in `attn` (fullmatch), which hooks nothing on Wan and PixArt (`attn1`, `attn2`): every
+    # block attention is named here, the same modules as the default on SD3 and Flux.
+    return TaylorSeerCacheConfig(taylor_factors_dtype=torch.float32, cache_identifiers=[ATTENTIONS])
 
 
 def _fastercache(clock: StepClock, steps: int) -> Any:
     from diffusers.hooks import FasterCacheConfig
+    from diffusers.hooks.faster_cache import _UNCOND_COND_INPUT_KWARGS_IDENTIFIERS
 
     # diffusers' documented example for CogVideoX / Flux: attention recomputed every 2nd step inside
-    # timesteps (-1, 681); the unconditional half is not skipped (the loop batches both halves).
+    # timesteps (-1, 681). Its unconditional-batch skip halves the inputs it names: SD3's pooled text vector is
+    # named too, which diffusers' default list leaves whole (a shape error inside SD3, without ToMe).
     return FasterCacheConfig(spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(-1, 681),
                              current_timestep_callback=clock, attention_weight_callback=lambda _: 0.3,
-                             tensor_format="BCHW")
+                             tensor_format="BCHW", _unconditional_conditional_input_kwargs_identifiers=(
+                                 *_UNCOND_COND_INPUT_KWARGS_IDENTIFIERS, "pooled_projections"))
 
 
 def _pab(clock: StepClock, steps: int) -> Any:
