@@ -401,6 +401,17 @@ def test_several_caches_run_side_by_side_in_one_run(tmp_path, capsys):
     assert rows[("baseline", "taylorseer")]["loop_change"] != rows[("baseline", "fastercache")]["loop_change"]
 
 
+def test_a_cache_of_attentions_after_a_cache_of_blocks_in_one_run(tmp_path):
+    """--cache fbc,taylorseer on one model: TaylorSeer's attention hooks get their cache context after First
+    Block Cache's block hooks were applied and removed (diffusers caches the list of hooked modules)."""
+    out_json = tmp_path / "r.json"
+    argv = ["--config", "tiny-flux", "--res", "64", "--repeats", "1", "--warmup", "0", "--ratios", "0.5", "--modes",
+            "merge", "--steps", "6", "--cache", "fbc,taylorseer", "--no-memory", "--json", str(out_json)]
+    assert bench(argv) == 0
+    rows = {(r["method"], r["cache"]): r for r in json.loads(out_json.read_text())["results"]}
+    assert rows[("baseline", "taylorseer")]["loop_change"] > 1e-4 and rows[("tome", "taylorseer")]["loop_change"] > 1e-4
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--config", "tiny-sd3", "--cache", "taylorseer,nope", "--steps", "4"], "choose one or more of"),
     (["--config", "tiny-sd3", "--cache", "taylorseer,fbc", "--steps", "4"],

@@ -160,12 +160,16 @@ def enabled(model: Any, name: Optional[str], steps: int = 50) -> Iterator[None]:
     cache, clock = CACHES[name], StepClock()
     handle = model.register_forward_pre_hook(clock.pre, with_kwargs=True)
     getattr(dh, cache.apply)(model, cache.config(clock, steps))
+    registry = HookRegistry.check_if_exists_or_initialize(model)
+    # The root's list of hooked modules is cached by the first cache context set on it; a cache of other modules
+    # applied since (diffusers' `apply_*`, unlike `enable_cache`, leaves it) would get no context and raise.
+    registry.invalidate_child_registries_cache()
     _set_cache_context(model, CacheContext("cond"))
     try:
         yield
     finally:
         _set_cache_context(model, None)
         handle.remove()
-        registry = HookRegistry.check_if_exists_or_initialize(model)
         for hook in cache.hooks:
             registry.remove_hook(hook, recurse=True)
+        registry.invalidate_child_registries_cache()
