@@ -9,6 +9,7 @@ from .matching import (
     MERGE_MODES, Matching, TokenMerge, bipartite_soft_matching_random2d, compute_merge, compute_merges,
     compute_shared_merge, compute_shared_merges, coordinate_partition, do_nothing, grid_partition, num_cells,
 )
+from .bands import band_range, band_shared_merges, banded_grid_merges, banded_shared_merges, join_bands
 from .downsample import KVDownsample, compute_downsample
 from .rng import DEFAULT_SEED
 from .schedule import (
@@ -29,6 +30,11 @@ __all__ = [
     "TokenMerge",
     "bipartite_soft_matching_random2d",
     "backend_for_name",
+    "band_range",
+    "band_shared_merges",
+    "banded_grid_merges",
+    "banded_shared_merges",
+    "join_bands",
     "block_grid",
     "compute_downsample",
     "compute_merge",

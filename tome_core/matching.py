@@ -122,6 +122,21 @@ class TokenMerge:
         rows = xp.concat([xp.arange(head, self.representatives), self.representatives + head], 0)
         return xp.take(table, rows, axis)
 
+    @property
+    def inv_counts(self) -> Any:
+        """[B, M, 1]: 1 / the tokens in each merged row."""
+        return self._inv_counts
+
+    @property
+    def shared(self) -> bool:
+        """Whether one map serves every sample of the batch."""
+        return self._rows is not None
+
+    def sample_rows(self) -> Any:
+        """[B, N]: the merged row of each token within its own sample's M rows."""
+        xp, b, m = self._xp, self.batch, self.num_merged
+        return xp.reshape(self._flat_rows, [b, self.num_tokens]) - xp.reshape(xp.arange(b * m, self._flat_rows, step=m), [b, 1])
+
     def for_batch(self, batch: int) -> "TokenMerge":
         """This merge (computed for one map) applied to every sample of a batch of `batch`."""
         xp, n, m = self._xp, self.num_tokens, self.num_merged
@@ -229,7 +244,7 @@ def _match(xp: Backend, metric: Any, order: Any, position: Any, num_dst: int, r:
 
 
 def coordinate_partition(xp: Backend, coords: Sequence[Any], strides: Sequence[int],
-                         offsets: Optional[Any]) -> Tuple[Any, Any, int]:
+                         offsets: Optional[Any], band: Optional[Tuple[int, int]] = None) -> Tuple[Any, Any, int]:
     """Split tokens given by their grid coordinates into src and dst, on a grid of any rank, with no
     host read and shapes fixed by N alone.
 
@@ -241,6 +256,9 @@ def coordinate_partition(xp: Backend, coords: Sequence[Any], strides: Sequence[i
     other grids the dst count must still be N // prod(strides), so it is filled with the src tokens that
     come last in token order (tokens outside complete cells first). Returns (order, position, num_dst) as
     grid_partition's, plus the dst count.
+
+    `band`: (start, stop), the partition of tokens [start, stop) alone, cut from the whole grid's (bands.py):
+    cells and dst places are the whole grid's, token ids in `order` count from `start`.
     """
     if len(coords) != len(strides) or not coords:
         raise ValueError(f"one stride per coordinate axis: got {len(coords)} axes and strides {tuple(strides)}")
@@ -263,6 +281,9 @@ def coordinate_partition(xp: Backend, coords: Sequence[Any], strides: Sequence[i
         inside = xp.to_int64(cell < num_dst) * in_cell
         wanted = xp.take(offsets, xp.where(inside > 0, cell, xp.zeros([n], coords[0], integer=True)), 0)
     is_dst = in_cell * xp.to_int64(xp.equal(place, wanted))
+    if band is not None:
+        is_dst = is_dst[band[0]:band[1]]
+        num_dst = (band[1] - band[0]) // volume
     order = xp.argsort(is_dst, 0, False)  # stable: src then dst, each in token order
     position = xp.argsort(order, 0, False)
     return order, position, num_dst

@@ -15,7 +15,7 @@ DOWNSAMPLE_METHODS = ("nearest", "avg")
 # What each mode means by default. A field left None takes its mode's default; a field given for a
 # mode that has no use for it is refused (see ToMeArgs.__post_init__).
 _MERGE_DEFAULTS = dict(ratio=0.5, sx=2, sy=2, use_rand=True, merge_attn=True, merge_crossattn=False,
-                       merge_mlp=False, reuse_steps=1, share_across_blocks=False, st=1)
+                       merge_mlp=False, reuse_steps=1, share_across_blocks=False, st=1, bands=1)
 _DOWNSAMPLE_DEFAULTS = dict(downsample_factor=2, downsample_method="nearest")
 
 
@@ -54,6 +54,10 @@ class ToMeArgs:
     # A ratio that changes over the denoising run (ToMe for SD issue #28): ((start, ratio), ...) by the run's
     # progress in [0, 1), the first piece starting at 0; replaces `ratio`. See ratio_at.
     ratio_schedule: Optional[Tuple[Tuple[float, float], ...]] = None
+    # Diffusion transformers: merge within `bands` contiguous bands of the token sequence, each band matched on
+    # its own (bands.py), as each rank of a `bands`-way context-parallel run merges its own. 1: one matching over
+    # the whole grid. Under context parallelism the ranks' bands apply whatever this says.
+    bands: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.ratio_schedule is not None:
@@ -169,6 +173,9 @@ class ToMeArgs:
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.seed is not None and not _is_int(self.seed):
             raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+        if not _is_int(self.bands) or self.bands < 1:
+            raise ValueError(f"bands must be a positive int (1: one matching over the whole token grid; P: as each "
+                             f"rank of a P-way context-parallel run merges), got {self.bands!r}")
         if not _is_int(self.reuse_steps) or self.reuse_steps < 1:
             raise ValueError(
                 f"reuse_steps must be a positive int (1: match at every denoising step), got {self.reuse_steps!r}"

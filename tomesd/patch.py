@@ -30,6 +30,7 @@ def apply_patch(
     blocks: Optional[Sequence[int]] = None,
     st: Optional[int] = None,
     ratio_schedule: Optional[Sequence[Tuple[float, float]]] = None,
+    bands: Optional[int] = None,
     config: Optional[Union[ToMeConfig, ToDoConfig]] = None,
 ) -> Any:
     """Patch every denoiser of `model` (UNets and ControlNets, never the VAE) to reduce the tokens
@@ -74,6 +75,12 @@ def apply_patch(
       on the host); not with reuse_steps. A constant schedule equals exact ToMe.
       share_across_blocks (False): within a call, the first merging block of each level matches and
       the later blocks of that level reuse its matching.
+      bands (1): diffusion transformers: merge within `bands` contiguous bands of the token sequence, each
+      matched on its own with its share of the merged tokens, the random pattern the whole grid's. Under
+      diffusers' context parallelism (enable_parallelism with a ContextParallelConfig) each rank merges
+      within its own band (bands, if given, must be 1 or P there), so the attention's tokens and the bytes
+      each collective moves shrink by the merged share; bands=P on one process gives what a P-way run gives,
+      to round-off.
     mode="downsample": token downsampling (ToDo). Self-attention takes its keys and values from the
       block's token grid downsampled by downsample_factor per side (2); queries stay full, nothing
       is unmerged. downsample_method: "nearest" (default; the top-left token of each cell) or "avg"
@@ -86,7 +93,7 @@ def apply_patch(
         ratio=ratio, max_downsample=max_downsample, sx=sx, sy=sy, use_rand=use_rand, merge_attn=merge_attn,
         merge_crossattn=merge_crossattn, merge_mlp=merge_mlp, seed=seed, mode=mode,
         downsample_factor=downsample_factor, downsample_method=downsample_method, reuse_steps=reuse_steps,
-        share_across_blocks=share_across_blocks, blocks=blocks, st=st, ratio_schedule=ratio_schedule,
+        share_across_blocks=share_across_blocks, blocks=blocks, st=st, ratio_schedule=ratio_schedule, bands=bands,
     )
     return targets.apply(model, resolve(config, settings))[0]
 

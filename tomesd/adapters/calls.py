@@ -9,7 +9,7 @@ Checkpointing replays a block after its call ended: with gradients on, each bloc
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 # What a block merges (or downsamples) with in a call: a TokenMerge, {site flag: TokenMerge} (per-site
 # ratios), a KVDownsample, or None.
@@ -20,7 +20,7 @@ class CallState:
     """What one call of a root computes; dropped when the call returns."""
 
     __slots__ = ("grid", "coords", "ids", "timestep", "key", "draws", "finest_level", "merges", "pending",
-                 "shared", "step", "ratio", "watch")
+                 "shared", "step", "ratio", "watch", "band")
 
     def __init__(self) -> None:
         # The layout's reading of this call's token grid, from shapes only (layouts.py): the latent's
@@ -41,6 +41,17 @@ class CallState:
         self.step: int = 0  # denoising step number (reuse_steps > 1 on a bare model), from the timestep's value
         self.ratio: Optional[float] = None  # this step's ratio under a ratio_schedule (from the pipeline's clock)
         self.watch: Any = None  # observe.CallWatch: the observations of this call (tomesd.observe), eager only
+        # The band rule (tome_core/bands.py): None (one matching over the grid), or a Band: this process's
+        # band of a context-parallel run, or every band of bands=P on one process.
+        self.band: Optional[Band] = None
+
+
+class Band(NamedTuple):
+    """`count` bands of the token sequence; `index`: the one this process holds (a context-parallel rank's),
+    or None when it holds them all (bands=P on one process)."""
+
+    count: int
+    index: Optional[int] = None
 
 
 class _ThreadCalls(threading.local):

@@ -128,6 +128,11 @@ def validate(patch: Any) -> None:
     if args.mode == "downsample":
         _validate_downsample(patch)
         return
+    if args.bands > 1 and not layout.bands:
+        raise ValueError(
+            f"bands has no meaning on {name}: the band rule splits one token grid, as context parallelism splits "
+            f"a diffusion transformer's (SD3, PixArt, Flux, Wan); a UNet's blocks see several. Leave bands out"
+        )
     for index, (block, kind) in enumerate(zip(patch.blocks, patch.kinds)):
         if args.merge_mlp and getattr(block, "_chunk_size", None) is not None:
             raise ValueError(CHUNKED_FF)
@@ -159,3 +164,33 @@ def _validate_downsample(patch: Any) -> None:
                     f"mode='downsample' shrinks {type(block).__name__}.{way.attention}'s keys and values "
                     f"at its {' and '.join(KV_PROJECTIONS)} projections, and it has none"
                 )
+
+
+def check_context_split(patch: Any, split: Any) -> None:
+    """At the first call of a root that runs context-parallel (diffusers' enable_parallelism): each rank
+    merges within its own band (bands.py); refuse what that rule cannot serve, before any block runs."""
+    name, args = type(patch.root).__name__, patch.args
+    one_process = f"or run {name} on one process with ToMe (bands={split.count} gives what each rank's band would)"
+    if args.mode == "downsample":
+        raise ValueError(
+            f"mode='downsample' does not run under context parallelism yet ({name} on {split.count} processes): "
+            f"use mode='merge', which merges within each rank's band"
+        )
+    if patch.layout.bands != "tokens":
+        raise ValueError(
+            f"ToMe cannot merge on {name} under context parallelism: the band rule needs each token's grid "
+            f"coordinates (Flux, Wan and the other transformers with per-token rotary positions), and diffusers "
+            f"gives {name} no context-parallel plan its attention follows. Run it context-parallel without ToMe "
+            f"(remove_patch), {one_process}"
+        )
+    if split.uneven:
+        raise ValueError(
+            f"ToMe cannot merge on {name} with ContextParallelConfig({split.uneven}=True): the ranks' bands may "
+            f"differ in size, and every rank must merge as many tokens as the others. Leave {split.uneven} off "
+            f"(the token count must then divide by {split.count}), {one_process}"
+        )
+    if args.bands not in (1, split.count):
+        raise ValueError(
+            f"bands={args.bands} contradicts the {split.count} processes {name} runs context-parallel on: each rank "
+            f"merges within its own band. Leave bands out (or give bands={split.count})"
+        )

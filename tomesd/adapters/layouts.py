@@ -17,7 +17,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Dict, Optional, Tuple
 
-from tome_core import block_grid, plan_level_block, plan_grid_block
+from tome_core import band_range, block_grid, plan_level_block, plan_grid_block
 
 from .roots import RootKind
 from .signatures import InputSpec
@@ -32,6 +32,10 @@ class Layout:
     one_grid = True  # every block sees one grid (blocks are chosen by index, not by level)
     frames_in_sequence = False  # st (a dst stride along time) applies
     latent_dims = 4
+    # How the band rule (bands.py) can split this layout's tokens: "" (not at all), "rows" (bands of whole rows
+    # of one patch grid, on one process), "tokens" (any contiguous bands, as context parallelism splits them:
+    # the grid is given per token).
+    bands = "rows"
 
     def __init__(self, root: Any, kind: RootKind, xp: Any) -> None:
         self.xp = xp
@@ -53,7 +57,8 @@ class Layout:
         """The image tokens of a block's input `x` (all of them, or its last N)."""
         return x
 
-    def plan(self, args: Any, call: Any, batch: int, num_tokens: int, index: int) -> Any:
+    def plan(self, args: Any, call: Any, batch: int, num_tokens: int, index: int, bands: int = 1) -> Any:
+        """Block `index`'s plan for `num_tokens` image tokens (one band's, when `bands` of them are matched)."""
         return plan_grid_block(args, (num_tokens, 1), batch, num_tokens, index, call.ratio)
 
     def reuse_shape(self, call: Any, plan: Any, batch: int) -> tuple:
@@ -67,12 +72,13 @@ class Layout:
 
 class Levels(Layout):
     one_grid = False
+    bands = ""
 
     def __init__(self, root: Any, kind: RootKind, xp: Any) -> None:
         super().__init__(root, kind, xp)
         self.latent_dims = 5 if kind.video else 4
 
-    def plan(self, args: Any, call: Any, batch: int, num_tokens: int, index: int) -> Any:
+    def plan(self, args: Any, call: Any, batch: int, num_tokens: int, index: int, bands: int = 1) -> Any:
         if call.finest_level is None:  # the call's first attention block: the finest level that has attention
             grid = block_grid(call.grid, num_tokens)
             call.finest_level = None if grid is None else grid[0]
@@ -89,18 +95,33 @@ class Patches(Layout):
     def _grid(self, shape: Tuple[int, ...]) -> Any:
         return _cells(shape[-2], self.patch_size), _cells(shape[-1], self.patch_size)
 
-    def plan(self, args: Any, call: Any, batch: int, num_tokens: int, index: int) -> Any:
-        return plan_grid_block(args, call.grid, batch, num_tokens, index, call.ratio)
+    def plan(self, args: Any, call: Any, batch: int, num_tokens: int, index: int, bands: int = 1) -> Any:
+        h, w = call.grid
+        if bands > 1:  # a band is h / bands whole rows of the grid
+            if h % bands:
+                raise ValueError(f"bands={bands} splits the patch grid's {h} rows into bands of whole rows; "
+                                 f"choose bands dividing {h}")
+            h //= bands
+        return plan_grid_block(args, (h, w), batch, num_tokens, index, call.ratio)
 
 
 class _Coordinates(Layout):
-    """Layouts whose grid is given per token: the image is the block input's last N tokens."""
+    """Layouts whose grid is given per token: the image is the block input's last N tokens (under context
+    parallelism, its band of them)."""
+
+    bands = "tokens"
 
     def image_tokens(self, call: Any, x: Any) -> Any:
         if call.coords is None:
             call.coords = self._coords(call, x)
-        n = self.xp.shape(call.coords[0])[0]
-        return x[:, self.xp.shape(x)[1] - n:]
+        n, s = self.xp.shape(call.coords[0])[0], self.xp.shape(x)[1]
+        band = call.band
+        if band is None or band.index is None:
+            return x[:, s - n:]
+        start, stop = band_range(n, band.count, band.index)
+        if s >= n:  # the whole sequence: a block whose own forward splits it (diffusers' plan for Wan's blocks.0)
+            return x[:, s - n + start:s - n + stop]
+        return x[:, s - (stop - start):]
 
     def _coords(self, call: Any, x: Any) -> Tuple[Any, ...]:
         raise NotImplementedError

@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, Optional
 
-from tome_core import compute_downsample, compute_merge, compute_merges, compute_shared_merge, \
-    compute_shared_merges, num_cells, rng
+from tome_core import band_range, band_shared_merges, banded_grid_merges, banded_shared_merges, compute_downsample, \
+    compute_merges, compute_shared_merges, num_cells, rng
 
 from .calls import BlockMerge, CallState
 from .guards import CHUNKED_FF
@@ -51,7 +51,9 @@ class Matcher:
         """Block `index`'s merge (or downsampling) from its image tokens `x`, or None where it does not reduce."""
         patch, args = self.patch, self.patch.args
         batch, num_tokens = patch.xp.shape(x)[:2]
-        plan = patch.layout.plan(args, call, batch, num_tokens, index)
+        # Every band this process matches (bands=P on one process) is planned as one band: its share of r.
+        bands = call.band.count if call.band is not None and call.band.index is None else 1
+        plan = patch.layout.plan(args, call, batch, num_tokens // bands, index, bands)
         if plan is None:
             return None
         if args.mode == "downsample":
@@ -105,25 +107,36 @@ class Matcher:
     def _match(self, index: int, x: Any, plan: Any, call: CallState) -> Any:
         patch, args, xp = self.patch, self.patch.args, self.patch.xp
         self._note(call, index, computed=1)
-        offsets = None
+        offsets, band = None, call.band
+        rs = [r for _, r in plan.site_r] if plan.site_r else [plan.r]  # per-site ratios: one matching, a merge per site
         if call.coords is not None:
             # One matching for the batch (per-token rotary rows have no batch axis), so the random
             # pattern need not differ between guidance halves: it follows use_rand whatever the batch.
             # Built once per call on the first block's device; a block on another device takes them there.
             coords = tuple(patch.host.on_device_of(c, x) for c in call.coords)
             strides = (args.st, args.sy, args.sx)[-len(coords):]  # (sy, sx) on an image, (st, sy, sx) on a video
+            n = xp.shape(coords[0])[0]  # the whole grid's tokens: `x` holds one band of them under a band rule
             if args.use_rand:
                 volume = math.prod(strides)  # a space-time cell's places span its frames too
-                offsets = self._offsets(index, x, xp.shape(x)[1] // volume, volume, call)
-            if plan.site_r:
-                return _per_site(plan, compute_shared_merges(xp, x, coords, strides, [r for _, r in plan.site_r], offsets))
-            return compute_shared_merge(xp, x, coords, strides, plan.r, offsets)
-        if plan.use_rand:
-            offsets = self._offsets(index, x, num_cells(plan.w, plan.h, args.sx, args.sy), args.sx * args.sy, call)
-        if plan.site_r:  # per-site ratios: one matching, a merge per site
-            return _per_site(plan, compute_merges(xp, x, plan.w, plan.h, args.sx, args.sy,
-                                                  [r for _, r in plan.site_r], offsets))
-        return compute_merge(xp, x, plan.w, plan.h, args.sx, args.sy, plan.r, offsets)
+                offsets = self._offsets(index, x, n // volume, volume, call)  # the whole grid's draw
+            if band is None:
+                merges = compute_shared_merges(xp, x, coords, strides, rs, offsets)
+            elif band.index is None:
+                merges = banded_shared_merges(xp, x, coords, strides, rs, offsets, band.count)
+            else:  # a context-parallel rank: its own band
+                merges = band_shared_merges(xp, x, coords, strides, rs, offsets, band_range(n, band.count, band.index))
+        else:
+            bands = 1 if band is None else band.count  # context parallelism is refused on grid layouts (guards)
+            h = plan.h * bands
+            if plan.use_rand:
+                offsets = self._offsets(index, x, num_cells(plan.w, h, args.sx, args.sy), args.sx * args.sy, call)
+            if bands == 1:
+                merges = compute_merges(xp, x, plan.w, h, args.sx, args.sy, rs, offsets)
+            else:
+                merges = banded_grid_merges(xp, x, plan.w, h, args.sx, args.sy, rs, offsets, bands)
+        if plan.site_r:
+            return _per_site(plan, merges)
+        return None if merges is None else merges.get(plan.r)
 
     def _offsets(self, index: int, x: Any, cells: int, places: int, call: CallState) -> Any:
         """Block `index`'s dst place in each of `cells` cells of `places` tokens (sx * sy on an image,

@@ -15,7 +15,7 @@ import functools
 from typing import Any, List, Optional
 
 from . import guards
-from .calls import BlockMerge, CallStacks, CallState, Replay
+from .calls import Band, BlockMerge, CallStacks, CallState, Replay
 from .kinds import BlockKind, Span, block_kind, in_temporal_container, sublayer
 from .layouts import layout_of
 from .matcher import Matcher
@@ -258,6 +258,7 @@ class ToMePatch:
         if latent is None:
             raise TypeError(f"ToMe found no '{self.latent_spec.name}' input in this call of {type(module).__name__}")
         self.layout.read(call, module, args, kwargs, self.xp.shape(latent), self.latent_spec.name)
+        call.band = self._band(module)
         if self.timestep_spec is not None:
             call.timestep = self.timestep_spec.get(args, kwargs)
         if self.clock is not None and self.clock.schedule is not None:
@@ -273,6 +274,15 @@ class ToMePatch:
                 self.clock.follow()
         if self.replay and not host.grad_enabled() and not host.is_compiling():
             self.replay.clear()  # inference after training: nothing left to recompute
+
+    def _band(self, module: Any) -> Optional[Band]:
+        """This call's band rule: a context-parallel rank's own band, bands=P's every band, or None."""
+        split = self.host.context_split(module)
+        if split is not None:
+            guards.check_context_split(self, split)
+            return Band(split.count, split.index)
+        bands = self.args.bands or 1  # mode="downsample" has no bands
+        return Band(bands) if bands > 1 else None
 
     def enter_block(self, index: int, block: Any, x: Any) -> None:
         call = self.calls.top()

@@ -196,6 +196,10 @@ class PaddleHost:
             raise RuntimeError(_NO_AST)
         return False
 
+    def context_split(self, root: Any) -> None:
+        """ppdiffusers splits no model's tokens across processes (no context parallelism): always None."""
+        return None
+
     def host_float(self, x: Any) -> float:
         """A scalar's value on the host (one device sync for a tensor on an accelerator)."""
         return float(x.detach().reshape([-1])[0]) if isinstance(x, paddle.Tensor) else float(x)

@@ -5,7 +5,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 
 import torch
 
-from . import torch_dispatch, torch_links
+from . import torch_dispatch, torch_links, torch_parallel
 
 
 class TorchArrays:
@@ -151,6 +151,10 @@ class TorchHost:
     def attention_seam(self) -> Any:
         """diffusers' attention dispatch, where keys arrive rotated (torch_dispatch.py)."""
         return torch_dispatch.SEAM
+
+    def context_split(self, root: torch.nn.Module) -> Optional[torch_parallel.ContextSplit]:
+        """This process's band of `root`'s tokens under diffusers' context parallelism, or None."""
+        return torch_parallel.context_split(root)
 
     def dispatches(self, processor: Any) -> bool:
         """Whether `processor` calls diffusers' attention dispatch (so the seam sees its keys)."""

@@ -1,0 +1,89 @@
+"""bands=P on one process: each of P contiguous bands of a transformer's tokens merges on its own (what each
+rank of a P-way context-parallel run does, tests/torch/test_context_parallel.py), with no host read, in one
+graph; bands=1 is today's merge bit for bit; what cannot be banded is refused in the user's terms."""
+import pytest
+import torch
+import torch._dynamo
+
+import tiny_torch as T
+import tomesd
+from families import FAMILIES
+
+BANDED = ["sd3", "flux", "wan"]
+
+
+def _model_and_inputs(name):
+    family = FAMILIES[name]
+    model = family.build()
+    return family, model, family.inputs(model)
+
+
+@pytest.mark.parametrize("name", BANDED)
+def test_one_band_is_todays_merge(name):
+    family, model, inputs = _model_and_inputs(name)
+    tomesd.apply_patch(model, ratio=0.5)
+    today = family.run(model, inputs)
+    tomesd.remove_patch(model)
+    tomesd.apply_patch(model, ratio=0.5, bands=1)
+    assert torch.equal(family.run(model, inputs), today)
+
+
+@pytest.mark.parametrize("name", BANDED)
+def test_each_band_merges_its_share_and_the_bands_differ_from_one_matching(name):
+    family, model, inputs = _model_and_inputs(name)
+    tomesd.apply_patch(model, ratio=0.5)
+    whole = family.run(model, inputs)
+    tomesd.remove_patch(model)
+    tomesd.apply_patch(model, ratio=0.5, bands=2)
+    with tomesd.observe(model) as seen:
+        banded = family.run(model, inputs)
+    block = seen.calls[0].blocks[0]
+    (given, kept), = block.tokens("attn")[:1]
+    assert kept == 2 * (given // 2 - int(given // 2 * 0.5))  # each band merged its own share
+    assert (banded - whole).abs().max() > 1e-3  # bands are not one matching over the grid
+
+
+@pytest.mark.parametrize("name", BANDED)
+def test_bands_read_no_tensor_value_on_the_host(name):
+    family, model, inputs = _model_and_inputs(name)
+    with torch.device("meta"):
+        twin = type(model)(**model.config).eval()
+    meta = {k: (v.to("meta") if torch.is_tensor(v) else v) for k, v in inputs.items()}
+    tomesd.apply_patch(twin, ratio=0.5, bands=2)
+    with tomesd.observe(twin) as seen:
+        out = family.run(twin, meta)
+    assert out.device.type == "meta" and seen.calls[0].merged_blocks("attn")
+
+
+def test_bands_trace_as_one_graph():
+    torch._dynamo.reset()
+    family, model, inputs = _model_and_inputs("flux")
+    tomesd.apply_patch(model, ratio=0.5, bands=2)
+    explained = torch._dynamo.explain(lambda: family.run(model, inputs))()
+    torch._dynamo.reset()
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+
+
+@pytest.mark.parametrize("value", [0, -2, True, 1.5, "2"])
+def test_a_bad_band_count_names_bands(value):
+    with pytest.raises(ValueError, match="bands must be a positive int"):
+        tomesd.apply_patch(T.flux(), bands=value)
+
+
+def test_bands_have_no_meaning_on_a_unet_or_in_downsample_mode():
+    unet = T.unet()
+    with pytest.raises(ValueError, match="bands has no meaning on UNet2DConditionModel.*Leave bands out"):
+        tomesd.apply_patch(unet, bands=2)
+    assert not hasattr(unet, "_tome_patch")
+    with pytest.raises(ValueError, match="no meaning with mode='downsample'"):
+        tomesd.apply_patch(T.flux(), mode="downsample", bands=2)
+    with pytest.raises(TypeError):
+        tomesd.ToDoConfig(bands=2)
+    assert tomesd.ToMeConfig(bands=2).args.bands == 2
+
+
+def test_a_patch_grid_that_does_not_split_in_whole_rows_is_refused_at_the_call():
+    family, model, inputs = _model_and_inputs("sd3")  # an 8 x 8 patch grid
+    tomesd.apply_patch(model, ratio=0.5, bands=3)
+    with pytest.raises(ValueError, match="bands=3 splits the patch grid's 8 rows .* choose bands dividing 8"):
+        family.run(model, inputs)

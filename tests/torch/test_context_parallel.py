@@ -1,0 +1,81 @@
+"""diffusers' context parallelism (Ulysses and ring) with ToMe: each rank merges within its own band of the
+tokens, and a P-way run equals the band rule on one process (bands=P) to fp32 round-off.
+
+Each world is one spawn of gloo processes running every case (tests/parallel.py, tests/parallel_cases.py):
+the tiny Flux (8 x 8 image tokens, 8 text tokens) and Wan (3 frames of 6 x 8 tokens, so two bands meet inside
+a frame, across a cell) transformers with 4 heads, so Ulysses splits them 4 ways too.
+"""
+import pytest
+import torch
+
+import parallel
+
+BANDED = ["flux_ulysses", "flux_ring", "wan_ulysses", "wan_ring"]
+TOLERANCE = 2e-5  # fp32 round-off: attention sums its keys in another order on P ranks
+TOKENS = {"flux_ulysses": 64, "flux_ring": 64, "wan_ulysses": 144, "wan_ring": 144}
+
+
+@pytest.fixture(scope="module")
+def world2(tmp_path_factory):
+    return parallel.run(2, BANDED + ["flux_reuse_steps", "flux_pipeline_clock", "patch_before_parallelism",
+                                     "refusals"], tmp_path_factory.mktemp("cp2"))
+
+
+@pytest.fixture(scope="module")
+def world4(tmp_path_factory):
+    return parallel.run(4, BANDED, tmp_path_factory.mktemp("cp4"))
+
+
+def _case(ranks, name):
+    results = ranks[0][name]
+    assert not isinstance(results, str), results  # a case that raised reports its traceback
+    return results
+
+
+def _check_banded(ranks, name, world):
+    out = _case(ranks, name)
+    # The effect first: ToMe moves the output far more than the tolerance, and bands differ from one matching.
+    assert (out["bands"] - out["base"]).abs().max() > 1e3 * TOLERANCE
+    assert (out["bands"] - out["global"]).abs().max() > 10 * TOLERANCE
+    assert (out["parallel"] - out["bands"]).abs().max() < TOLERANCE
+    # Every rank's first attention took its band less its share of the merged tokens, the same on every rank.
+    band = TOKENS[name] // world
+    for rank in range(world):
+        assert ranks[rank][name][f"tokens/{rank}"] == [band - int(band * 0.5)]
+
+
+@pytest.mark.parametrize("name", BANDED)
+def test_two_ranks_equal_two_bands_on_one_process(world2, name):
+    _check_banded(world2, name, 2)
+
+
+@pytest.mark.parametrize("name", BANDED)
+def test_four_ranks_equal_four_bands_on_one_process(world4, name):
+    _check_banded(world4, name, 4)
+
+
+def test_reuse_steps_under_context_parallelism(world2):
+    out = _case(world2, "flux_reuse_steps")
+    assert out["parallel/reused"] == out["bands/reused"] > 0  # the second call of each window reused
+    assert (out["parallel"] - out["bands"]).abs().max() < TOLERANCE
+
+
+def test_the_pipeline_clock_under_context_parallelism(world2):
+    out = _case(world2, "flux_pipeline_clock")
+    assert (out["parallel"] - out["bands"]).abs().max() < 1e-4  # uint8-scaled images in [0, 1]
+
+
+def test_patch_before_enable_parallelism_equals_after(world2):
+    out = _case(world2, "patch_before_parallelism")
+    assert torch.equal(out["before"], out["after"])
+
+
+@pytest.mark.parametrize("case,words", [
+    ("ulysses_anything", ["ulysses_anything=True", "Leave ulysses_anything off", "bands=2"]),
+    ("downsample", ["mode='downsample' does not run under context parallelism", "use mode='merge'"]),
+    ("bands", ["bands=3 contradicts the 2 processes", "Leave bands out"]),
+    ("sd3", ["SD3Transformer2DModel under context parallelism", "remove_patch", "bands=2"]),
+])
+def test_what_a_band_cannot_serve_is_refused_at_the_first_call(world2, case, words):
+    message = _case(world2, "refusals")[case]
+    assert all(word in message for word in words), message
