@@ -4,7 +4,8 @@ Test-only shims (never in the library), as the issue that asked for these tests 
 - `torch.accelerator.device_count()` is 0 on CPU and diffusers takes `rank % device_count` for the device;
 - the NATIVE attention backend (the only context-parallel one on CPU) refuses `return_lse=True`, which ring
   attention needs: its forward op is replaced by one returning (out, lse);
-- models are called with `return_dict=False` (the gathered output is a tuple).
+- models are called with `return_dict=False` (the gathered output is a tuple);
+- diffusers 0.42's tensor parallelism names the accelerators it runs on; "cpu" is added (gloo runs DTensor).
 
 `run(world, cases, tmp_path)` runs `cases` (names of functions in this module's CASES, each returning a dict of
 tensors or an error message) on `world` processes and returns rank 0's results; every rank returns its own
@@ -39,6 +40,10 @@ def shim_cpu_context_parallelism() -> None:
         return (out, torch.logsumexp(scores, -1).permute(0, 2, 1)) if return_lse else out
 
     ad._native_attention_forward_op = forward
+    # diffusers 0.42 lets tensor parallelism run on accelerators only; gloo and DTensor run it on CPU as well.
+    from diffusers.hooks import tensor_parallel
+
+    tensor_parallel._SUPPORTED_TP_DEVICES = (*tensor_parallel._SUPPORTED_TP_DEVICES, "cpu")
 
 
 def _worker(rank: int, world: int, port: int, cases: List[str], out_dir: str, path: List[str]) -> None:

@@ -165,3 +165,23 @@ def refusals(world: int) -> Dict[str, Any]:
     tomesd.apply_patch(sd3, ratio=RATIO)
     out["sd3"] = _refusal(sd3, T.transformer_inputs("sd3"))
     return out
+
+
+def tensor_parallel(world: int) -> Dict[str, Any]:
+    """diffusers' tensor parallelism on Flux: ToMe applied before or after enable_parallelism, against one process."""
+    from diffusers import TensorParallelConfig
+
+    out: Dict[str, Any] = {}
+    model = _flux()
+    out["base"] = _call(model, _flux_inputs())
+    tomesd.apply_patch(model, ratio=RATIO)
+    out["one"] = _call(model, _flux_inputs())
+    for name, first in (("after", False), ("before", True)):
+        model = _flux()
+        if first:
+            tomesd.apply_patch(model, ratio=RATIO)
+        model.enable_parallelism(config=TensorParallelConfig(tp_degree=world))
+        if not first:
+            tomesd.apply_patch(model, ratio=RATIO)
+        out[name] = _call(model, _flux_inputs())
+    return out

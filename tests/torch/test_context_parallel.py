@@ -1,5 +1,6 @@
 """diffusers' context parallelism (Ulysses and ring) with ToMe: each rank merges within its own band of the
-tokens, and a P-way run equals the band rule on one process (bands=P) to fp32 round-off.
+tokens, and a P-way run equals the band rule on one process (bands=P) to fp32 round-off. Tensor parallelism
+with the patch applied before or after enable_parallelism equals one process.
 
 Each world is one spawn of gloo processes running every case (tests/parallel.py, tests/parallel_cases.py):
 the tiny Flux (8 x 8 image tokens, 8 text tokens) and Wan (3 frames of 6 x 8 tokens, so two bands meet inside
@@ -18,7 +19,7 @@ TOKENS = {"flux_ulysses": 64, "flux_ring": 64, "wan_ulysses": 144, "wan_ring": 1
 @pytest.fixture(scope="module")
 def world2(tmp_path_factory):
     return parallel.run(2, BANDED + ["flux_reuse_steps", "flux_pipeline_clock", "patch_before_parallelism",
-                                     "refusals"], tmp_path_factory.mktemp("cp2"))
+                                     "tensor_parallel", "refusals"], tmp_path_factory.mktemp("cp2"))
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +68,15 @@ def test_the_pipeline_clock_under_context_parallelism(world2):
 
 def test_patch_before_enable_parallelism_equals_after(world2):
     out = _case(world2, "patch_before_parallelism")
+    assert torch.equal(out["before"], out["after"])
+
+
+def test_tensor_parallelism_with_the_patch_before_or_after_equals_one_process(world2):
+    """Flux's row-wise layers (the single block's proj_out) hand ToMe's unmerge a DTensor partial sum: it is
+    unmerged on each rank's local tensor."""
+    out = _case(world2, "tensor_parallel")
+    assert (out["one"] - out["base"]).abs().max() > 1e3 * TOLERANCE
+    assert (out["after"] - out["one"]).abs().max() < TOLERANCE
     assert torch.equal(out["before"], out["after"])
 
 

@@ -30,6 +30,10 @@ class SiteHook:
             shape = self.patch.xp.shape
             watch.site(self.index, self.patch.kind_names[self.index], site, shape(before)[1], shape(after)[1])
 
+    def _along_tokens(self, work: str, fn: Any, x: Any) -> Any:
+        """`fn`, a merge or unmerge, on `x` (a DTensor's local tensor under tensor parallelism), timed as `work`."""
+        return self._timed(work, self.patch.host.on_local_tokens, fn, x)
+
     def _timed(self, work: str, fn: Any, *args: Any) -> Any:
         watch = self.patch.watch()
         if watch is None:
@@ -72,7 +76,7 @@ class MergeSite(SiteHook):
                 args, kwargs = self.rotary.replace(args, kwargs, gather_rotary(merge, rows, self.layer.rotary_axis))
         if self.self_attention and kwargs.get("attention_mask") is not None:
             raise ValueError(MASKED_SELF_ATTENTION)
-        merged = self._timed("merge", merge.merge_tail, tokens)
+        merged = self._along_tokens("merge", merge.merge_tail, tokens)
         self._record(self.layer.flag, tokens, merged)
         return self.spec.replace(args, kwargs, merged)
 
@@ -93,12 +97,14 @@ def unmerge_output(hook: SiteHook, flag: str, positions: Tuple[int, ...], output
     if merge is None:
         return None
 
+    local = hook.patch.host.on_local_tokens
+
     def unmerge(output: Any) -> Any:
         if not positions:
-            return merge.unmerge_tail(output)
+            return local(merge.unmerge_tail, output)
         if not isinstance(output, tuple):  # a processor that returns the image tokens alone
-            return merge.unmerge(output)
-        return tuple(merge.unmerge(item) if i in positions and item is not None else item
+            return local(merge.unmerge, output)
+        return tuple(local(merge.unmerge, item) if i in positions and item is not None else item
                      for i, item in enumerate(output))
 
     return hook._timed("unmerge", unmerge, output)
@@ -123,7 +129,7 @@ class SpanStart(_SpanHook):
             return None
         if not self.patch.host.is_compiling():
             self.patch.seat_span_cache(self.index, self.span)  # a cache added after the patch
-        merged = self._timed("merge", merge.merge_tail, tokens)
+        merged = self._along_tokens("merge", merge.merge_tail, tokens)
         self._record(self.span.flag, tokens, merged)
         if position is None:
             return merged
@@ -146,7 +152,7 @@ class SpanInterior(_SpanHook):
 
     def merge(self, module: Any, args: tuple, output: Any) -> Any:
         merge = self.patch.site_merge(self.index, self.span.flag)
-        return None if merge is None else self._timed("merge", merge.merge_tail, output)
+        return None if merge is None else self._along_tokens("merge", merge.merge_tail, output)
 
 
 class SpanRotary(_SpanHook):

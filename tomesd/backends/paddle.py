@@ -196,6 +196,9 @@ class PaddleHost:
             raise RuntimeError(_NO_AST)
         return False
 
+    def on_local_tokens(self, fn: Callable[[Any], Any], x: Any) -> Any:
+        return fn(x)  # no distributed tensors reach a ppdiffusers denoiser's layers
+
     def context_split(self, root: Any) -> None:
         """ppdiffusers splits no model's tokens across processes (no context parallelism): always None."""
         return None

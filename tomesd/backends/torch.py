@@ -152,6 +152,10 @@ class TorchHost:
         """diffusers' attention dispatch, where keys arrive rotated (torch_dispatch.py)."""
         return torch_dispatch.SEAM
 
+    def on_local_tokens(self, fn: Callable[[Any], Any], x: Any) -> Any:
+        """`fn` (a merge or unmerge along the tokens) on `x`, or on a DTensor's local tensor (tensor parallelism)."""
+        return torch_parallel.on_local_tokens(fn, x)
+
     def context_split(self, root: torch.nn.Module) -> Optional[torch_parallel.ContextSplit]:
         """This process's band of `root`'s tokens under diffusers' context parallelism, or None."""
         return torch_parallel.context_split(root)
