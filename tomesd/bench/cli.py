@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import os
 import sys
@@ -79,6 +80,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"with --steps: also run diffusers' step caches ({', '.join(caches.CACHES)}: First "
                              "Block Cache, TaylorSeer, FasterCache, Pyramid Attention Broadcast, MagCache), each "
                              "alone and under each ToMe setting, side by side (torch)")
+    parser.add_argument("--context-parallel", type=int, metavar="N", default=None,
+                        help="--arch flux or wan: run it context-parallel on N local processes (diffusers' "
+                             "enable_parallelism; gloo on CPU, NCCL on CUDA, one GPU a process), the baseline beside "
+                             "ToMe at each ratio: time, tokens into attention per rank, what collectives move")
+    parser.add_argument("--cp-attention", choices=["ulysses", "ring"], default="ulysses",
+                        help="with --context-parallel: Ulysses (all-to-all) or ring attention")
     parser.add_argument("--compile", action="store_true",
                         help="torch only: time a torch.compile'd UNet per configuration (first call reported apart)")
     parser.add_argument("--preset", choices=["gpu"], default=None,
@@ -186,6 +193,29 @@ def _modes(text: str) -> List[str]:
     if not modes or bad:
         raise ValueError(f"--modes {text!r}: choose from merge, merge-mlp, downsample")
     return modes
+
+
+def _context_parallel(settings: Any, model_name: str, json_path: Optional[str]) -> int:
+    import json
+
+    from . import context_parallel
+
+    size = f"{settings.res}x{settings.width or settings.res}"
+    print(f"{model_name}, random weights, {size}, batch {settings.batch}, {settings.dtype}, context-parallel "
+          f"({settings.attention}) on {settings.processes} {settings.device} processes; baseline and "
+          f"{len(settings.ratios)} ToMe configurations interleaved", file=sys.stderr)
+    rows = context_parallel.run(settings)
+    print(f"\n{model_name} at {size}, {settings.attention} over {settings.processes} processes on "
+          f"{settings.device}; median of {settings.repeats} calls after {settings.warmup} warm-up")
+    print(context_parallel.table(settings, rows))
+    print("collectives: the elements (and bytes) each rank hands to all-to-all / all-gather in one call, counted "
+          "op by op: the same on any machine; times are this machine's")
+    if json_path:
+        os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
+        with open(json_path, "w") as f:
+            json.dump({"schema": "tomesd-bench-cp/1", "settings": dataclasses.asdict(settings),
+                       "results": [dataclasses.asdict(row) for row in rows]}, f, indent=1)
+    return 0
 
 
 def _bench(argv: List[str]) -> int:
@@ -297,6 +327,17 @@ def run(args: argparse.Namespace) -> int:
             downsample_method=args.downsample_method, steps=1 if args.model is not None else (args.steps or 1),
             caches=picked_caches, frames=args.frames or arch.frames or 16,
         )
+        cp_settings = None
+        if getattr(args, "context_parallel", None) is not None:
+            from . import context_parallel
+
+            context_parallel.check(ARCHS[settings.config].cls, args.context_parallel, args.cp_attention, settings.backend,
+                                   settings.compile, settings.caches)
+            cp_settings = context_parallel.CPSettings(
+                config=settings.config, processes=args.context_parallel, attention=args.cp_attention,
+                depth=settings.depth, res=settings.res, width=settings.width, batch=settings.batch,
+                ratios=settings.ratios, frames=settings.frames, repeats=settings.repeats, warmup=settings.warmup,
+                device=settings.device, dtype=settings.dtype, seed=settings.seed)
         kit = make_kit(settings.backend, settings.device, settings.dtype)
         if settings.compile and settings.compile_backend not in kit.compile_backends():
             raise ValueError(f"--compile-backend {settings.compile_backend!r}: torch.compile knows "
@@ -311,6 +352,8 @@ def run(args: argparse.Namespace) -> int:
         except RuntimeError as exc:
             return _fail(str(exc))
 
+    if cp_settings is not None:
+        return _context_parallel(cp_settings, _model_name(settings), args.json)
     if args.flops_only:
         return _flops_only(settings, args.json)
     n_configs = len(configurations(settings))
