@@ -86,6 +86,9 @@ SD3_SETTINGS = [
     Setting("downsample f=3 nearest", dict(mode="downsample", downsample_factor=3)),
     Setting("downsample f=4 nearest", dict(mode="downsample", downsample_factor=4)),
     Setting("downsample f=4 avg", dict(mode="downsample", downsample_factor=4, downsample_method="avg")),
+    # The band rule: what each rank of a 2- or 4-way context-parallel run merges (bands of 16 or 8 patch rows).
+    Setting("ToMe r=0.5 bands=2", dict(ratio=0.5, bands=2)),
+    Setting("ToMe r=0.5 bands=4", dict(ratio=0.5, bands=4)),
 ]
 # The motion UNet: its spatial blocks merge within each frame (32x32, 16x16 and the 8x8 mid block, as on
 # the image UNet); temporal blocks are never touched.
@@ -112,6 +115,9 @@ WAN_SETTINGS = [
     Setting("ToMe r=0.5 merge_mlp", dict(ratio=0.5, merge_mlp=True)),
     Setting("ToMe r=0.5 st=2 merge_mlp", dict(ratio=0.5, st=2, merge_mlp=True)),
     Setting("ToMe r=0.5 reuse 3", dict(ratio=0.5, reuse_steps=3)),
+    # The band rule: what each rank of a 2- or 4-way context-parallel run merges (4 or 2 frames of 16 x 16).
+    Setting("ToMe r=0.5 bands=2", dict(ratio=0.5, bands=2)),
+    Setting("ToMe r=0.5 bands=4", dict(ratio=0.5, bands=4)),
 ]
 SETTINGS = {"sd1": DEFAULT_SETTINGS, "sd3": SD3_SETTINGS, "video": VIDEO_SETTINGS, "wan": WAN_SETTINGS}
 
