@@ -185,3 +185,41 @@ def tensor_parallel(world: int) -> Dict[str, Any]:
             tomesd.apply_patch(model, ratio=RATIO)
         out[name] = _call(model, _flux_inputs())
     return out
+
+
+def cache_dit_ulysses(world: int) -> Dict[str, Any]:
+    """cache-dit's own context parallelism (its copy of diffusers' hooks, its own plans) on Flux, with no step
+    cache: ToMe reads cache-dit's config from the model as it reads diffusers', and each rank merges its band."""
+    import cache_dit
+    from cache_dit import ParallelismConfig
+
+    out: Dict[str, Any] = {}
+    base = _flux()
+    tomesd.apply_patch(base, ratio=RATIO, bands=world)
+    out["bands"] = _call(base, _flux_inputs())
+    model = _flux()
+    cache_dit.enable_cache(model, parallelism_config=ParallelismConfig(ulysses_size=world))
+    tomesd.apply_patch(model, ratio=RATIO)
+    tokens = count_tokens({"to_q": model.transformer_blocks[0].attn.to_q})
+    out["parallel"] = _call(model, _flux_inputs())
+    out[f"tokens/{torch.distributed.get_rank()}"] = tokens()["to_q"]
+    return out
+
+
+def para_attention(world: int) -> Dict[str, Any]:
+    """ParaAttention (para-attn) splits Flux's sequence inside a forward it swaps in, keeping its mesh to itself:
+    ToMe cannot tell which band a process holds, and refuses at the block that reveals the split."""
+    from para_attn.context_parallel import init_context_parallel_mesh
+    from para_attn.context_parallel.diffusers_adapters.flux import parallelize_transformer
+
+    model = _flux()
+    parallelize_transformer(model, mesh=init_context_parallel_mesh("cpu"))
+    out: Dict[str, Any] = {}
+    try:  # para-attn 0.3.38 itself fails on diffusers 0.42's attention call (it passes enable_gqa)
+        _call(model, _flux_inputs())
+        out["unpatched"] = "ran"
+    except TypeError as exc:
+        out["unpatched"] = str(exc)
+    tomesd.apply_patch(model, ratio=RATIO)
+    out["refusal"] = _refusal(model, _flux_inputs())
+    return out

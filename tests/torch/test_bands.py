@@ -87,3 +87,22 @@ def test_a_patch_grid_that_does_not_split_in_whole_rows_is_refused_at_the_call()
     tomesd.apply_patch(model, ratio=0.5, bands=3)
     with pytest.raises(ValueError, match="bands=3 splits the patch grid's 8 rows .* choose bands dividing 8"):
         family.run(model, inputs)
+
+
+@pytest.mark.parametrize("name,embedder", [("sd3", "pos_embed"), ("flux", "x_embedder"), ("wan", "patch_embedding")])
+def test_a_block_holding_a_share_of_the_tokens_is_refused_not_left_alone(name, embedder):
+    """A sequence split by something ToMe does not read (here: a hook keeping the first half of the embedded
+    tokens, as an engine's split would) is refused at the first block, where SD3 used to leave every block
+    alone silently."""
+    family, model, inputs = _model_and_inputs(name)
+
+    def first_half(module, args, output):
+        if output.ndim == 5:  # Wan's patch embedding: [B, C, F, H, W], flattened to tokens after it
+            return output[:, :, :, : output.shape[3] // 2]
+        return output[:, : output.shape[1] // 2]
+
+    getattr(model, embedder).register_forward_hook(first_half)
+    tomesd.apply_patch(model, ratio=0.5)
+    with pytest.raises(ValueError, match=f"a block of {type(model).__name__} holds .* image tokens: the sequence "
+                                         f"was split"):
+        family.run(model, inputs)

@@ -1,6 +1,7 @@
 """diffusers' context parallelism (Ulysses and ring) with ToMe: each rank merges within its own band of the
 tokens, and a P-way run equals the band rule on one process (bands=P) to fp32 round-off. Tensor parallelism
-with the patch applied before or after enable_parallelism equals one process.
+with the patch applied before or after enable_parallelism equals one process. cache-dit's parallelism merges
+per band as diffusers' does; an engine whose split ToMe cannot read (ParaAttention) is refused clearly.
 
 Each world is one spawn of gloo processes running every case (tests/parallel.py, tests/parallel_cases.py):
 the tiny Flux (8 x 8 image tokens, 8 text tokens) and Wan (3 frames of 6 x 8 tokens, so two bands meet inside
@@ -19,7 +20,8 @@ TOKENS = {"flux_ulysses": 64, "flux_ring": 64, "wan_ulysses": 144, "wan_ring": 1
 @pytest.fixture(scope="module")
 def world2(tmp_path_factory):
     return parallel.run(2, BANDED + ["flux_reuse_steps", "flux_pipeline_clock", "patch_before_parallelism",
-                                     "tensor_parallel", "refusals"], tmp_path_factory.mktemp("cp2"))
+                                     "tensor_parallel", "refusals", "cache_dit_ulysses", "para_attention"],
+                        tmp_path_factory.mktemp("cp2"))
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +80,24 @@ def test_tensor_parallelism_with_the_patch_before_or_after_equals_one_process(wo
     assert (out["one"] - out["base"]).abs().max() > 1e3 * TOLERANCE
     assert (out["after"] - out["one"]).abs().max() < TOLERANCE
     assert torch.equal(out["before"], out["after"])
+
+
+def test_cache_dits_context_parallelism_merges_each_band(world2):
+    """cache-dit's own parallelism (ParallelismConfig(ulysses_size=2)) records its config on the model as
+    diffusers does: each rank merges its band, equal to bands=2 on one process."""
+    out = _case(world2, "cache_dit_ulysses")
+    assert (out["parallel"] - out["bands"]).abs().max() < TOLERANCE
+    assert [world2[rank]["cache_dit_ulysses"][f"tokens/{rank}"] for rank in (0, 1)] == [[16], [16]]
+
+
+def test_an_engine_whose_split_tome_cannot_read_is_refused_clearly(world2):
+    """ParaAttention keeps its mesh in a forward it swaps in: the block that reveals the split refuses, naming
+    the engines where ToMe merges per band. (para-attn 0.3.38 fails on diffusers 0.42 by itself: below.)"""
+    out = _case(world2, "para_attention")
+    assert "enable_gqa" in out["unpatched"]
+    for words in ("holds 32 of the call's 64 image tokens", "enable_parallelism(ContextParallelConfig", "cache-dit",
+                  "remove_patch"):
+        assert words in out["refusal"], out["refusal"]
 
 
 @pytest.mark.parametrize("case,words", [

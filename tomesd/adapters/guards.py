@@ -194,3 +194,14 @@ def check_context_split(patch: Any, split: Any) -> None:
             f"bands={args.bands} contradicts the {split.count} processes {name} runs context-parallel on: each rank "
             f"merges within its own band. Leave bands out (or give bands={split.count})"
         )
+
+
+def split_sequence(model: str, held: int, whole: int) -> ValueError:
+    """A block holding a share of the call's image tokens, split by an engine whose split ToMe does not read."""
+    return ValueError(
+        f"a block of {model} holds {held} of the call's {whole} image tokens: the sequence was split across "
+        f"processes by an engine whose split ToMe cannot read (xDiT, ParaAttention), so it cannot tell which tokens "
+        f"this process holds. ToMe merges within each rank's band under diffusers' "
+        f"enable_parallelism(ContextParallelConfig(...)) and cache-dit's ParallelismConfig: run {model} there, or "
+        f"remove_patch under this engine"
+    )

@@ -19,6 +19,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from tome_core import band_range, block_grid, plan_level_block, plan_grid_block
 
+from .guards import split_sequence
 from .roots import RootKind
 from .signatures import InputSpec
 
@@ -38,7 +39,7 @@ class Layout:
     bands = "rows"
 
     def __init__(self, root: Any, kind: RootKind, xp: Any) -> None:
-        self.xp = xp
+        self.xp, self.model = xp, type(root).__name__
 
     def validate(self, patch: Any) -> None:
         """Raise at apply time for a root this layout cannot read."""
@@ -102,6 +103,8 @@ class Patches(Layout):
                 raise ValueError(f"bands={bands} splits the patch grid's {h} rows into bands of whole rows; "
                                  f"choose bands dividing {h}")
             h //= bands
+        elif num_tokens < h * w and (h * w) % num_tokens == 0:
+            raise split_sequence(self.model, num_tokens, h * w)
         return plan_grid_block(args, (h, w), batch, num_tokens, index, call.ratio)
 
 
@@ -117,6 +120,8 @@ class _Coordinates(Layout):
         n, s = self.xp.shape(call.coords[0])[0], self.xp.shape(x)[1]
         band = call.band
         if band is None or band.index is None:
+            if s < n:
+                raise split_sequence(self.model, s, n)
             return x[:, s - n:]
         start, stop = band_range(n, band.count, band.index)
         if s >= n:  # the whole sequence: a block whose own forward splits it (diffusers' plan for Wan's blocks.0)
