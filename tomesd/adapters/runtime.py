@@ -94,6 +94,8 @@ class ToMePatch:
         self.matcher = Matcher(self)
         self._hooked: List[Any] = []
         self.seam: Any = None  # the host's attention dispatch seam, while downsampling uses it (install/detach)
+        # A plain int for the per-call path (paddle's SOT translator reads plain values best); downsample has none.
+        self.bands = args.bands or 1
         self._init_runtime()
 
     def _init_runtime(self) -> None:
@@ -281,8 +283,7 @@ class ToMePatch:
         if split is not None:
             guards.check_context_split(self, split)
             return Band(split.count, split.index)
-        bands = self.args.bands or 1  # mode="downsample" has no bands
-        return Band(bands) if bands > 1 else None
+        return Band(self.bands) if self.bands > 1 else None
 
     def enter_block(self, index: int, block: Any, x: Any) -> None:
         call = self.calls.top()
