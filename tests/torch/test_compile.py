@@ -203,3 +203,19 @@ def test_no_more_kernels_than_tomesd(layout):
     ref.remove_patch(unet)
     print(f"{layout}: ops added per forward: ours {ours}, tomesd {theirs}")
     assert theirs > 0 and 0 < ours <= theirs
+
+
+def test_what_a_patch_keeps_across_steps_does_not_grow_with_steps():
+    """GPU-friendliness beside no host reads and one graph: a denoising loop leaves no per-call state behind
+    (no call stack entry, no checkpoint record at inference), and kept matchings (reuse_steps) hold at most one
+    entry per block however many steps run."""
+    model = T.transformer("sd3")
+    inputs = T.transformer_inputs("sd3")
+    tomesd.apply_patch(model, ratio=0.5, reuse_steps=2)
+    patch = getattr(model, PATCH_ATTR)
+    sizes = []
+    for t in range(30, 0, -1):  # 30 denoising steps, timesteps falling
+        T.run_transformer(model, dict(inputs, timestep=torch.full((2,), float(t))))
+        sizes.append(len(patch.matcher.steps.cache))
+        assert not patch.calls.current() and not patch.replay
+    assert 0 < max(sizes) <= len(patch.blocks) and sizes[-1] == sizes[5]
