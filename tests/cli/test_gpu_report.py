@@ -27,7 +27,7 @@ def test_every_run_is_a_valid_bench_call_full_and_tiny():
         assert full.dtype in ("float16", "bfloat16")
         tiny = parser().parse_args(gpu_report.tiny_args(entry.args))
         assert tiny.config.startswith("tiny") and tiny.dtype == "float32" and tiny.depth is None
-        assert tiny.compile == full.compile and tiny.caches == full.caches and tiny.compare == full.compare
+        assert tiny.compile == full.compile and tiny.cache == full.cache and tiny.compare == full.compare
 
 
 def test_the_full_preset_needs_a_gpu_device(capsys):
