@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .backend import Backend
-from .matching import Matching, TokenMerge, compute_merges, coordinate_partition
+from .matching import TokenMerge, compute_merges, compute_shared_merges
 
 
 def band_range(num_tokens: int, bands: int, index: int) -> Tuple[int, int]:
@@ -34,21 +34,11 @@ def band_shared_merges(xp: Backend, metric: Any, coords: Sequence[Any], strides:
     """compute_shared_merges for the tokens of one band: `metric` [B, n, C] holds tokens [start, stop) of a
     sequence whose every token's coordinates are `coords` ([N] each), and `offsets` is the whole grid's dst
     draw. Token ids of the merge (its rows, its representatives) count from the band's start."""
-    b, n, c = xp.shape(metric)
+    n = xp.shape(metric)[1]
     start, stop = band
     if stop - start != n:
         raise ValueError(f"a band of tokens [{start}, {stop}) holds {stop - start} tokens, got {n}")
-    volume = 1
-    for stride in strides:
-        volume *= stride
-    if max(rs) <= 0 or n // volume == 0:
-        return None
-    with xp.no_grad():
-        token_of = xp.arange(b * n, metric) % n
-        summed = xp.scatter_add(xp.zeros([n, c], metric), token_of, xp.reshape(xp.l2_normalize(metric, -1), [b * n, c]))
-        order, position, num_dst = coordinate_partition(xp, coords, strides, offsets, band=band)
-        matching = Matching(xp, xp.reshape(summed, [1, n, c]), order, position, num_dst)
-        return {r: matching.shared_merge(r, b) for r in sorted(set(rs)) if r > 0}
+    return compute_shared_merges(xp, metric, coords, strides, rs, offsets, band=band)
 
 
 def banded_shared_merges(xp: Backend, metric: Any, coords: Sequence[Any], strides: Sequence[int], rs: Sequence[int],

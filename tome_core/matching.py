@@ -307,8 +307,10 @@ def compute_shared_merge(xp: Backend, metric: Any, coords: Sequence[Any], stride
 
 
 def compute_shared_merges(xp: Backend, metric: Any, coords: Sequence[Any], strides: Sequence[int], rs: Sequence[int],
-                          offsets: Optional[Any] = None) -> Optional[Dict[int, TokenMerge]]:
-    """compute_shared_merge for several r at once, from one matching: {r: merge} (None when nothing merges)."""
+                          offsets: Optional[Any] = None, band: Optional[Tuple[int, int]] = None,
+                          ) -> Optional[Dict[int, TokenMerge]]:
+    """compute_shared_merge for several r at once, from one matching: {r: merge} (None when nothing merges).
+    `band`: `metric` holds tokens [start, stop) of the grid `coords` describe (coordinate_partition)."""
     b, n, c = xp.shape(metric)
     volume = 1
     for stride in strides:
@@ -319,7 +321,7 @@ def compute_shared_merges(xp: Backend, metric: Any, coords: Sequence[Any], strid
         # The sum over the batch of each token's unit metric (its direction is the mean's): one scatter-add.
         token_of = xp.arange(b * n, coords[0]) % n
         summed = xp.scatter_add(xp.zeros([n, c], metric), token_of, xp.reshape(xp.l2_normalize(metric, -1), [b * n, c]))
-        order, position, num_dst = coordinate_partition(xp, coords, strides, offsets)
+        order, position, num_dst = coordinate_partition(xp, coords, strides, offsets, band=band)
         matching = Matching(xp, xp.reshape(summed, [1, n, c]), order, position, num_dst)
         return {r: matching.shared_merge(r, b) for r in sorted(set(rs)) if r > 0}
 
