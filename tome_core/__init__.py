@@ -6,10 +6,11 @@ reproduces. Tensors reach their framework through the backend registered for it 
 from .backend import Backend, backend_for_name, get_backend, register_backend, registered_backends
 from . import rng
 from .matching import (
-    MERGE_MODES, Matching, TokenMerge, bipartite_soft_matching_random2d, compute_merge, compute_merges,
-    compute_shared_merge, compute_shared_merges, coordinate_partition, do_nothing, grid_partition, num_cells,
+    MERGE_MODES, Matching, TokenMerge, bipartite_soft_matching_random2d, compute_coordinate_merges, compute_merge,
+    compute_merges, compute_shared_merge, compute_shared_merges, coordinate_partition, do_nothing, grid_partition,
+    num_cells,
 )
-from .bands import band_range, band_shared_merges, banded_grid_merges, banded_shared_merges, join_bands
+from .bands import band_coordinate_merges, band_range, banded_coordinate_merges, banded_grid_merges, join_bands
 from .downsample import KVDownsample, compute_downsample
 from .rng import DEFAULT_SEED
 from .schedule import (
@@ -31,12 +32,13 @@ __all__ = [
     "bipartite_soft_matching_random2d",
     "backend_for_name",
     "band_range",
-    "band_shared_merges",
+    "band_coordinate_merges",
     "banded_grid_merges",
-    "banded_shared_merges",
+    "banded_coordinate_merges",
     "join_bands",
     "block_grid",
     "compute_downsample",
+    "compute_coordinate_merges",
     "compute_merge",
     "compute_merges",
     "compute_shared_merge",

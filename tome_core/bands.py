@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .backend import Backend
-from .matching import TokenMerge, compute_merges, compute_shared_merges
+from .matching import TokenMerge, compute_coordinate_merges, compute_merges
 
 
 def band_range(num_tokens: int, bands: int, index: int) -> Tuple[int, int]:
@@ -29,27 +29,30 @@ def band_range(num_tokens: int, bands: int, index: int) -> Tuple[int, int]:
     return index * size, (index + 1) * size
 
 
-def band_shared_merges(xp: Backend, metric: Any, coords: Sequence[Any], strides: Sequence[int], rs: Sequence[int],
-                       offsets: Optional[Any], band: Tuple[int, int]) -> Optional[Dict[int, TokenMerge]]:
-    """compute_shared_merges for the tokens of one band: `metric` [B, n, C] holds tokens [start, stop) of a
+def band_coordinate_merges(xp: Backend, metric: Any, coords: Sequence[Any], strides: Sequence[int], rs: Sequence[int],
+                           offsets: Optional[Any], band: Tuple[int, int], per_sample: bool = True,
+                           ) -> Optional[Dict[int, TokenMerge]]:
+    """compute_coordinate_merges for the tokens of one band: `metric` [B, n, C] holds tokens [start, stop) of a
     sequence whose every token's coordinates are `coords` ([N] each), and `offsets` is the whole grid's dst
     draw. Token ids of the merge (its rows, its representatives) count from the band's start."""
     n = xp.shape(metric)[1]
     start, stop = band
     if stop - start != n:
         raise ValueError(f"a band of tokens [{start}, {stop}) holds {stop - start} tokens, got {n}")
-    return compute_shared_merges(xp, metric, coords, strides, rs, offsets, band=band)
+    return compute_coordinate_merges(xp, metric, coords, strides, rs, offsets, band=band, per_sample=per_sample)
 
 
-def banded_shared_merges(xp: Backend, metric: Any, coords: Sequence[Any], strides: Sequence[int], rs: Sequence[int],
-                         offsets: Optional[Any], bands: int) -> Optional[Dict[int, TokenMerge]]:
+def banded_coordinate_merges(xp: Backend, metric: Any, coords: Sequence[Any], strides: Sequence[int],
+                             rs: Sequence[int], offsets: Optional[Any], bands: int, per_sample: bool = True,
+                             ) -> Optional[Dict[int, TokenMerge]]:
     """The band rule on one process: `metric` [B, N, C] in `bands` bands, each matched on its own
-    (band_shared_merges), joined into one merge per r."""
+    (band_coordinate_merges), joined into one merge per r."""
     n = xp.shape(metric)[1]
     per_band = []
     for index in range(bands):
         start, stop = band_range(n, bands, index)
-        per_band.append(band_shared_merges(xp, metric[:, start:stop], coords, strides, rs, offsets, (start, stop)))
+        per_band.append(band_coordinate_merges(xp, metric[:, start:stop], coords, strides, rs, offsets, (start, stop),
+                                               per_sample))
     return _join_each(xp, per_band)
 
 
@@ -93,4 +96,9 @@ def join_bands(xp: Backend, merges: Sequence[TokenMerge]) -> TokenMerge:
     shared = all(merge.shared for merge in merges)
     return TokenMerge(xp, flat_rows, xp.concat(inv_counts, 1), batch, token_base, row_base,
                       rows=joined[0] if shared else None,
-                      representatives=xp.concat(representatives, 0) if len(representatives) == len(merges) else None)
+                      representatives=_joined(xp, representatives) if len(representatives) == len(merges) else None)
+
+
+def _joined(xp: Backend, representatives: List[Any]) -> Any:
+    """Bands' representatives ([M] each, or [B, M] per sample) joined along their rows."""
+    return xp.concat(representatives, len(xp.shape(representatives[0])) - 1)

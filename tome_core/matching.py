@@ -63,7 +63,8 @@ class TokenMerge:
         self._inv_counts = inv_counts  # [B, M, 1] float32, 1 / tokens in each merged row
         self.batch, self.num_tokens, self.num_merged = batch, n, m
         self._rows = rows  # [N] merged row of each token, when one map serves the whole batch
-        # [M]: for each merged row, the token that stands for it (see compute_shared_merge)
+        # For each merged row, the token that stands for it (see compute_coordinate_merges): [M] when one map
+        # serves the batch, [B, M] when each sample has its own.
         self.representatives = representatives
 
     def _check(self, x: Any, expected: int, what: str) -> Tuple[int, int, int]:
@@ -110,17 +111,42 @@ class TokenMerge:
         """Rows of a per-token table (rotary positions) along `axis`, whose last N rows are the image's and
         any rows before them the text's (Flux: [text + image, D]; Wan: [1, image, 1, D] with axis=1; ComfyUI's
         Flux: [B, 1, text + image, ...] with axis=2): text rows stay, the image rows become one row per merged
-        token, its representative's. One index, one gather."""
+        token, its representative's. One index, one gather.
+
+        With a representative per sample ([B, M]) the rows differ by sample: a table with axes before `axis`
+        (its first of size 1 or B, any others of size 1) gives [B, ..., S', ...]; a table whose rows come
+        first ([S, D]) gains a batch axis in front, [B, S', D]."""
         xp = self._xp
         s = xp.shape(table)[axis]
-        if s == self.num_tokens:
-            return xp.take(table, self.representatives, axis)
         if s < self.num_tokens:
             raise ValueError(f"a table with rows along axis {axis} must hold the image's {self.num_tokens} rows "
                              f"(after any text rows), got {s}")
         head = s - self.num_tokens
-        rows = xp.concat([xp.arange(head, self.representatives), self.representatives + head], 0)
-        return xp.take(table, rows, axis)
+        if len(xp.shape(self.representatives)) == 1:
+            if head == 0:
+                return xp.take(table, self.representatives, axis)
+            rows = xp.concat([xp.arange(head, self.representatives), self.representatives + head], 0)
+            return xp.take(table, rows, axis)
+        return self._gather_sample_rows(table, axis, head)
+
+    def _gather_sample_rows(self, table: Any, axis: int, head: int) -> Any:
+        xp, b = self._xp, self.batch
+        shape = list(xp.shape(table))
+        s, rest = shape[axis], shape[axis + 1:]
+        rows = self.representatives + head  # [B, M]
+        if head:
+            text = xp.broadcast_to(xp.reshape(xp.arange(head, rows), [1, head]), [b, head])
+            rows = xp.concat([text, rows], 1)
+        kept = xp.shape(rows)[1]
+        if axis == 0:
+            return xp.reshape(xp.take(table, xp.reshape(rows, [b * kept]), 0), [b, kept] + rest)
+        lead = shape[:axis]
+        if lead[0] not in (1, b) or any(size != 1 for size in lead[1:]):
+            raise ValueError(f"per-sample rows need a table [B or 1, 1.., S, ...] with rows along axis {axis}, got "
+                             f"{shape} for a batch of {b}")
+        flat = xp.reshape(xp.broadcast_to(table, [b] + lead[1:] + shape[axis:]), [b * s] + rest)
+        rows = rows + xp.reshape(xp.arange(b * s, rows, step=s), [b, 1])  # sample k's rows start at k * s
+        return xp.reshape(xp.take(flat, xp.reshape(rows, [b * kept]), 0), [b] + lead[1:] + [kept] + rest)
 
     @property
     def inv_counts(self) -> Any:
@@ -223,17 +249,24 @@ class Matching:
         inv_counts = xp.reshape(1.0 / xp.counts(flat_rows, b * m), [b, m, 1])
         return TokenMerge(xp, flat_rows, inv_counts, b, n, m, rows=flat_rows if b == 1 else None)
 
+    def represented_merge(self, r: int) -> TokenMerge:
+        """The merge of r tokens with each sample's representatives ([B, M]): the token each merged row
+        stands for, its dst (where its src tokens merged in), or an unmerged src token itself. Rows: the
+        unmerged src in similarity order, then the dst in partition order."""
+        xp, b, num_src = self.xp, self.b, self.num_src
+        merge = self.merge(r)
+        kept = num_src - min(r, num_src)
+        unmerged = xp.reshape(xp.take(self.order, xp.reshape(self.edge_order[:, num_src - kept:], [b * kept]), 0),
+                              [b, kept])
+        dst = xp.broadcast_to(xp.reshape(self.order[num_src:], [1, self.num_dst]), [b, self.num_dst])
+        merge.representatives = xp.concat([unmerged, dst], 1)
+        return merge
+
     def shared_merge(self, r: int, batch: int) -> TokenMerge:
         """For a matching computed on one summed metric (compute_shared_merge): the merge of r tokens, with
-        each merged row's representative token, applied to every sample of a batch of `batch`."""
-        xp = self.xp
-        merge = self.merge(r)
-        # A merged row stands for its dst token (where its src tokens merged in); an unmerged src row
-        # for itself. Rows: the unmerged src in similarity order, then the dst in token order.
-        num_src = self.num_src
-        kept = num_src - min(r, num_src)
-        unmerged = xp.take(self.order, xp.reshape(self.edge_order, [num_src])[num_src - kept:], 0)
-        merge.representatives = xp.concat([unmerged, self.order[num_src:]], 0)
+        each merged row's representative token ([M]), applied to every sample of a batch of `batch`."""
+        merge = self.represented_merge(r)
+        merge.representatives = merge.representatives[0]
         return merge.for_batch(batch)
 
 
@@ -311,6 +344,18 @@ def compute_shared_merges(xp: Backend, metric: Any, coords: Sequence[Any], strid
                           ) -> Optional[Dict[int, TokenMerge]]:
     """compute_shared_merge for several r at once, from one matching: {r: merge} (None when nothing merges).
     `band`: `metric` holds tokens [start, stop) of the grid `coords` describe (coordinate_partition)."""
+    return compute_coordinate_merges(xp, metric, coords, strides, rs, offsets, band, per_sample=False)
+
+
+def compute_coordinate_merges(xp: Backend, metric: Any, coords: Sequence[Any], strides: Sequence[int],
+                              rs: Sequence[int], offsets: Optional[Any] = None, band: Optional[Tuple[int, int]] = None,
+                              per_sample: bool = True) -> Optional[Dict[int, TokenMerge]]:
+    """{r: merge} of `metric` [B, N, C] on tokens at grid coordinates `coords` with cells of `strides`
+    (coordinate_partition), from one matching (None when nothing merges); each merge has representatives.
+
+    `per_sample`: each sample matched on its own, as compute_merges does on a grid (representatives [B, M]:
+    per-token tables gain a batch axis); else one matching for the batch (compute_shared_merge: representatives
+    [M], for tables that cannot take a batch axis). `band`: `metric` holds tokens [start, stop) of the grid."""
     b, n, c = xp.shape(metric)
     volume = 1
     for stride in strides:
@@ -318,10 +363,17 @@ def compute_shared_merges(xp: Backend, metric: Any, coords: Sequence[Any], strid
     if max(rs) <= 0 or n // volume == 0:
         return None
     with xp.no_grad():
+        order, position, num_dst = coordinate_partition(xp, coords, strides, offsets, band=band)
+        if per_sample or b == 1:  # a batch of one is matched on its own metric either way
+            matching = Matching(xp, metric, order, position, num_dst)
+            merges = {r: matching.represented_merge(r) for r in sorted(set(rs)) if r > 0}
+            if not per_sample:
+                for merge in merges.values():
+                    merge.representatives = merge.representatives[0]
+            return merges
         # The sum over the batch of each token's unit metric (its direction is the mean's): one scatter-add.
         token_of = xp.arange(b * n, coords[0]) % n
         summed = xp.scatter_add(xp.zeros([n, c], metric), token_of, xp.reshape(xp.l2_normalize(metric, -1), [b * n, c]))
-        order, position, num_dst = coordinate_partition(xp, coords, strides, offsets, band=band)
         matching = Matching(xp, xp.reshape(summed, [1, n, c]), order, position, num_dst)
         return {r: matching.shared_merge(r, b) for r in sorted(set(rs)) if r > 0}
 

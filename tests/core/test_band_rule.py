@@ -3,8 +3,8 @@ sliced per band, and a rank's view of its band equal to that band's part of the 
 import numpy as np
 import pytest
 
-from tome_core import (band_range, band_shared_merges, banded_grid_merges, banded_shared_merges, compute_merges,
-                       compute_shared_merges, coordinate_partition, rng)
+from tome_core import (band_coordinate_merges, band_range, banded_coordinate_merges, banded_grid_merges,
+                       compute_coordinate_merges, compute_merges, coordinate_partition, rng)
 
 H, W = 6, 8  # 48 tokens; 2 bands of 3 rows meet inside a 2-row cell, 3 bands of 2 rows are whole cells
 
@@ -20,19 +20,21 @@ def _inputs(fw, frames=1):
     return metric, coords, offsets
 
 
-def test_one_band_is_the_whole_grid(fw):
+@pytest.mark.parametrize("per_sample", [False, True])
+def test_one_band_is_the_whole_grid(fw, per_sample):
     metric, coords, offsets = _inputs(fw)
-    whole = compute_shared_merges(fw.xp, metric, coords, (2, 2), [12], offsets)[12]
-    banded = banded_shared_merges(fw.xp, metric, coords, (2, 2), [12], offsets, 1)[12]
+    whole = compute_coordinate_merges(fw.xp, metric, coords, (2, 2), [12], offsets, per_sample=per_sample)[12]
+    banded = banded_coordinate_merges(fw.xp, metric, coords, (2, 2), [12], offsets, 1, per_sample)[12]
     np.testing.assert_array_equal(fw.numpy(banded.merge(metric)), fw.numpy(whole.merge(metric)))
     np.testing.assert_array_equal(fw.numpy(banded.representatives), fw.numpy(whole.representatives))
 
 
+@pytest.mark.parametrize("per_sample", [False, True])
 @pytest.mark.parametrize("bands", [2, 3, 4])
-def test_each_band_merges_its_own_tokens_and_a_rank_sees_its_part(fw, bands):
+def test_each_band_merges_its_own_tokens_and_a_rank_sees_its_part(fw, bands, per_sample):
     metric, coords, offsets = _inputs(fw)
     n, r = H * W, int(H * W // bands * 0.5)
-    joined = banded_shared_merges(fw.xp, metric, coords, (2, 2), [r], offsets, bands)[r]
+    joined = banded_coordinate_merges(fw.xp, metric, coords, (2, 2), [r], offsets, bands, per_sample)[r]
     merged = fw.numpy(joined.merge(metric))
     size, kept = n // bands, n // bands - r
     assert merged.shape == (2, bands * kept, 8)
@@ -42,10 +44,11 @@ def test_each_band_merges_its_own_tokens_and_a_rank_sees_its_part(fw, bands):
         # Band k's tokens go to band k's rows only: no token merges across a band boundary.
         assert set(rows[0, start:stop]) == set(range(index * kept, (index + 1) * kept))
         # A rank holding band k alone computes that part of the one-process merge.
-        own = band_shared_merges(fw.xp, metric[:, start:stop], coords, (2, 2), [r], offsets, (start, stop))[r]
+        own = band_coordinate_merges(fw.xp, metric[:, start:stop], coords, (2, 2), [r], offsets, (start, stop),
+                                     per_sample)[r]
         np.testing.assert_array_equal(fw.numpy(own.merge(metric[:, start:stop])), merged[:, index * kept:(index + 1) * kept])
         np.testing.assert_array_equal(fw.numpy(own.representatives) + start,
-                                      fw.numpy(joined.representatives)[index * kept:(index + 1) * kept])
+                                      fw.numpy(joined.representatives)[..., index * kept:(index + 1) * kept])
 
 
 def test_the_dst_pattern_is_the_whole_grids_draw_sliced(fw):
@@ -66,7 +69,7 @@ def test_the_dst_pattern_is_the_whole_grids_draw_sliced(fw):
 def test_bands_of_a_video_cut_inside_a_frame(fw):
     """Wan's sequence (frames, rows, cols) in 2 bands meeting inside frame 1: each band merges its share."""
     metric, coords, offsets = _inputs(fw, frames=3)  # coords: (frame, row, col)
-    joined = banded_shared_merges(fw.xp, metric, coords, (1, 2, 2), [18], offsets, 4)[18]
+    joined = banded_coordinate_merges(fw.xp, metric, coords, (1, 2, 2), [18], offsets, 4)[18]
     assert fw.numpy(joined.merge(metric)).shape == (2, 4 * (36 - 18), 8)
 
 

@@ -35,7 +35,7 @@ import pytest
 
 from tome_core import (
     MERGE_MODES, bipartite_soft_matching_random2d, compute_downsample, compute_merge, compute_merges,
-    compute_shared_merge, compute_shared_merges, num_cells, rng,
+    compute_coordinate_merges, compute_shared_merge, compute_shared_merges, num_cells, rng,
 )
 
 TOL = 1e-6
@@ -263,6 +263,32 @@ def test_shared_merges_equal_the_single_r_merge_and_the_loop_at_each_r(fw, shape
         single = compute_shared_merge(fw.xp, fw.tensor(metric), axes, strides, r, offs)
         assert np.array_equal(round_trip(fw, merges[r], x), round_trip(fw, single, x))
         assert np.array_equal(fw.numpy(merges[r].representatives), fw.numpy(single.representatives))
+
+
+@pytest.mark.parametrize("layout", ["row-major", "shuffled"])
+@pytest.mark.parametrize("offsets", [None, "random"])
+@pytest.mark.parametrize("shape,strides", [((7, 9), (2, 2)), ((6, 8), (1, 2)), ((4, 4, 6), (2, 2, 2)), ((3, 5, 4), (1, 2, 2))])
+def test_per_sample_coordinate_merges_equal_the_loop_on_each_sample(fw, shape, strides, offsets, layout):
+    """compute_coordinate_merges(per_sample=True): each sample matched on its own metric (as a UNet's grid
+    is), on the same partition; each sample's representatives are its rows' dst tokens, or the tokens themselves."""
+    gen = generator(shape, strides, offsets, layout, "per-sample")
+    coords, axes = laid_out(fw, shape, layout, gen)
+    n, b = len(coords), 3
+    metric, x = random_metric(gen, b, n), gen.standard_normal((b, n, 5))
+    volume = math.prod(strides)
+    offs, offs_list = table(fw, offsets, n // volume, volume, fw.tensor(metric))
+    src, dst = loop_partition(coords, strides, offs_list, fill_to=n // volume)
+    rs = rs_for(n, len(src))
+    merges = compute_coordinate_merges(fw.xp, fw.tensor(metric), axes, strides, rs, offs, per_sample=True)
+    for r in rs:
+        expected = [loop_match(metric[i].tolist(), src, dst, r) for i in range(b)]
+        assert expected[0] != expected[1]  # the samples do match apart
+        assert_merge_equals_loop(fw, merges[r], x, expected, range(b))
+        reps = fw.numpy(merges[r].representatives).tolist()
+        assert len(reps) == b
+        for i in range(b):
+            groups = core_groups(fw, merges[r], i, b)
+            assert {g: reps[i][row] for g, row in groups.items()} == expected[i]
 
 
 # ----------------------------------------------------------------------------- per-sample matching on an image grid

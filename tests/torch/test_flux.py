@@ -11,7 +11,7 @@ from probes import (
     around_the_patch, assert_checkpointing_keeps_loss_and_gradients, assert_loop_compiles_once_and_equals_eager,
     assert_patch_equals_hooks_by_hand,
 )
-from tome_core import compute_shared_merge, coordinate_partition, get_backend, grid_partition, rng
+from tome_core import compute_coordinate_merges, compute_shared_merge, coordinate_partition, get_backend, grid_partition, rng
 
 TOL = 1e-5
 
@@ -79,13 +79,14 @@ def test_single_blocks_keep_the_text_rows_of_the_joined_sequence_as_they_are(mod
 
 
 def test_merged_tokens_take_their_representatives_rotary_rows_as_placed_by_hand(model):
-    """Hooks placed by hand on the host's own modules: the merge (one for the batch, top-left dst),
-    the rotary rows [text, image] with each merged image token given its representative's row, the
-    double blocks' attention and feed-forward image tokens merged, and single blocks merged from norm's
-    output to proj_out's. The reference shares tome_core's matching (compute_shared_merge) with the code
-    under test, so it checks where the hooks sit; the matching's arithmetic is checked independently in
-    tests/core/test_matching_by_loop.py (and against tomesd 0.1.3 in test_core_vs_tomesd.py)."""
-    inputs = T.flux_inputs(h=6, w=10)
+    """Hooks placed by hand on the host's own modules: the merge (top-left dst), the rotary rows [text, image]
+    with each merged image token given its representative's row, the double blocks' attention and
+    feed-forward image tokens merged, and single blocks merged from norm's output to proj_out's. A batch of
+    one: the rows [S, D] have no batch axis (a larger batch matched per sample is rotated at the attention
+    dispatch, test_split_batches.py). The reference shares tome_core's matching (compute_coordinate_merges)
+    with the code under test, so it checks where the hooks sit; the matching's arithmetic is checked
+    independently in tests/core/test_matching_by_loop.py (and against tomesd 0.1.3 in test_core_vs_tomesd.py)."""
+    inputs = T.flux_inputs(batch=1, h=6, w=10)
     n = 60
     base = run(model, inputs)
     rows, cols = inputs["img_ids"][:, 1].long(), inputs["img_ids"][:, 2].long()
@@ -93,11 +94,11 @@ def test_merged_tokens_take_their_representatives_rotary_rows_as_placed_by_hand(
 
     def enter(m, args, kwargs):
         x = kwargs["hidden_states"]
-        state["m"] = compute_shared_merge(get_backend(x), x[:, -n:], (rows, cols), (2, 2), n // 2)
+        state["m"] = compute_coordinate_merges(get_backend(x), x[:, -n:], (rows, cols), (2, 2), [n // 2])[n // 2]
 
     def rotary(kwargs):
         m = state["m"]
-        return tuple(torch.cat([t[:-n], t[-n:][m.representatives]]) for t in kwargs["image_rotary_emb"])
+        return tuple(torch.cat([t[:-n], t[-n:][m.representatives[0]]]) for t in kwargs["image_rotary_emb"])
 
     for block in model.transformer_blocks:
         handles += [block.register_forward_pre_hook(enter, with_kwargs=True),

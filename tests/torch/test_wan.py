@@ -10,7 +10,7 @@ from probes import (
     OpCounter, assert_checkpointing_keeps_loss_and_gradients, assert_loop_compiles_once_and_equals_eager,
     assert_patch_equals_hooks_by_hand,
 )
-from tome_core import compute_shared_merge, coordinate_partition, get_backend, rng
+from tome_core import compute_coordinate_merges, compute_shared_merge, coordinate_partition, get_backend, rng
 from tomesd.adapters.runtime import PATCH_ATTR
 
 TOL = 1e-5
@@ -71,10 +71,11 @@ def test_defaults_merge_self_attention_only(model):
 
 @pytest.mark.parametrize("st", [1, 2])
 def test_merged_tokens_take_their_representatives_rotary_rows_as_placed_by_hand(model, st):
-    """Hooks placed by hand on the host's own modules: one merge for the batch on the (frame, row, col)
-    coordinates (top-left dst of each st x 2 x 2 cell), the self-attention's rotary rows [1, S, 1, D] given
-    each merged token's representative's row, its output unmerged. The reference shares tome_core's
-    matching (compute_shared_merge) with the code under test, so it checks where the hooks sit; the
+    """Hooks placed by hand on the host's own modules: each sample merged on its own on the (frame, row, col)
+    coordinates (top-left dst of each st x 2 x 2 cell), the self-attention's rotary rows [1, S, 1, D] becoming
+    [B, M, 1, D], each sample's merged token given its representative's row, its output unmerged. The reference
+    shares tome_core's matching (compute_coordinate_merges) with the code under test, so it checks where the
+    hooks sit; the
     matching's arithmetic is checked independently in tests/core/test_matching_by_loop.py (and against
     tomesd 0.1.3 in test_core_vs_tomesd.py)."""
     inputs = T.wan_inputs(frames=4, h=8, w=12)
@@ -85,10 +86,12 @@ def test_merged_tokens_take_their_representatives_rotary_rows_as_placed_by_hand(
 
     def enter(m, args):
         x = args[0]
-        state["m"] = compute_shared_merge(get_backend(x), x, coords, (st, 2, 2), n // 2)
+        state["m"] = compute_coordinate_merges(get_backend(x), x, coords, (st, 2, 2), [n // 2])[n // 2]
 
     def merge_attn(m, args):
-        rows = tuple(t[:, state["m"].representatives] for t in args[3])
+        reps = state["m"].representatives  # [B, M]
+        assert not torch.equal(reps[0], reps[1])  # the samples merge apart
+        rows = tuple(torch.stack([t[0, sample] for sample in reps]) for t in args[3])
         return (state["m"].merge(args[0]),) + args[1:3] + (rows,) + args[4:]
 
     for block in model.blocks:
@@ -163,7 +166,7 @@ def test_random_dst_places_span_the_frames_of_a_space_time_cell(model):
             tomesd.remove_patch(model)
         num_dst = 64 // (st * 4)  # one per cell; the merged rows end with them
         merges = [seen.calls[0].blocks[i].merge for i in range(len(model.blocks))]
-        dst_frames[st] = [sorted(set(frames[m.representatives[-num_dst:]].tolist())) for m in merges]
+        dst_frames[st] = [sorted(set(frames[m.representatives[0, -num_dst:]].tolist())) for m in merges]  # sample 0's
     # Control: at st=1 a cell lies in one frame, so every frame holds dsts in every block by construction.
     assert dst_frames[1] == [[0, 1, 2, 3]] * len(model.blocks), dst_frames
     # At st=2 each block's 8 dsts each fall in a cell's second frame with probability 1/2: a block with none

@@ -31,6 +31,7 @@ class Sublayer:
     outputs: Tuple[int, ...] = ()  # where image tokens sit in a tuple output (those present); (): the output itself
     rotary: Optional[str] = None  # input of per-token (cos, sin) rows that follow the tokens
     rotary_axis: int = 0  # the token axis of those rows (Flux: [S, D]; Wan: [1, S, 1, D])
+    rotates: str = ""  # how its processor applies rows with no batch axis, where the dispatch can do it (ROTATIONS)
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,15 @@ class Span:
     rotary_at: Optional[str] = None  # what takes per-token rotary rows inside the span ("": the block itself)
     rotary: str = "image_rotary_emb"
     rotary_axis: int = 0  # the token axis of those rows
+    rotates: str = ""  # as Sublayer.rotates
+
+
+# Rotary rows with a batch axis (rotary_axis > 0: Wan's [1, S, 1, D], ComfyUI's [B, 1, S, ...]) follow a matching
+# per sample as they are. Rows with none ([S, D], Flux in diffusers) cannot; where the processor hands its rotated
+# queries and keys to diffusers' attention dispatch, the processor gets identity rows and each sample's rows are
+# applied at the dispatch instead (backends/torch_dispatch.py), in the host's own arithmetic. The ways known:
+# "cos_sin": diffusers' apply_rotary_emb with real (cos, sin) rows, interleaved pairs, on [B, S, heads, dim].
+ROTATIONS = ("cos_sin",)
 
 
 @dataclass(frozen=True)
@@ -118,7 +128,7 @@ BLOCK_KINDS: Dict[str, BlockKind] = {
         BlockKind(
             "FluxTransformerBlock",
             sublayers=(Sublayer("attn", "merge_attn", tokens=("hidden_states",), outputs=(0, 2),
-                                rotary="image_rotary_emb"),
+                                rotary="image_rotary_emb", rotates="cos_sin"),
                        Sublayer("ff", "merge_mlp")),
             downsample=(Downsample("attn", "dispatch"),),
         ),
@@ -128,7 +138,7 @@ BLOCK_KINDS: Dict[str, BlockKind] = {
             "FluxSingleTransformerBlock",
             sublayers=(),
             downsample=(Downsample("attn", "dispatch"),),
-            spans=(Span("norm", 0, ("proj_out",), "merge_attn", attention="attn", rotary_at="attn"),),
+            spans=(Span("norm", 0, ("proj_out",), "merge_attn", attention="attn", rotary_at="attn", rotates="cos_sin"),),
         ),
         # Wan 2.1 / 2.2: self-attention over every frame's image tokens, its rotary rows [1, S, 1, D] (frame,
         # row and column positions) applied inside the processor; cross-attention to the text (and, for

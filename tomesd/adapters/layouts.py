@@ -5,12 +5,12 @@ blocks merge with what r. One strategy per layout; root kinds (roots.py) name th
 - "levels": a UNet. Blocks sit at several levels of the latent; tomesd's rule picks the levels (each
   block's grid is found from its token count); each sample is matched on its own.
 - "patches": a diffusion transformer patchifying its latent once: every block sees one (h/p, w/p) grid.
-- "ids": Flux. One token list whose grid is given by `img_ids`; text may come first in a block's input;
-  one matching serves the batch (rotary rows have no batch axis).
-- "patchgrid": as "patches", matched once for the batch on grid coordinates (ComfyUI's Flux, whose rotary
-  rows are the batch's).
+- "ids": Flux. One token list whose grid is given by `img_ids`; text may come first in a block's input.
+- "patchgrid": as "patches", matched on grid coordinates (ComfyUI's Flux).
 - "spacetime": Wan, CogVideoX. Every frame's tokens in one sequence (frames, rows, columns); dst strides
-  per axis (st, sy, sx); one matching serves the batch.
+  per axis (st, sy, sx).
+The three coordinate layouts match each sample on its own where every block's rotary rows can follow it,
+else once for the batch (runtime.ToMePatch.per_sample).
 """
 from __future__ import annotations
 
@@ -224,8 +224,8 @@ class SpaceTime(_Coordinates):
 
 
 class PatchGrid(SpaceTime):
-    """A latent [B, C, H, W] patchified once, whose blocks take rotary rows shared by the batch (ComfyUI's
-    Flux): a space-time grid of one frame, matched once for the batch."""
+    """A latent [B, C, H, W] patchified once, whose blocks take per-token rotary rows (ComfyUI's Flux): a
+    space-time grid of one frame."""
 
     frames_in_sequence = False
     latent_dims = 4

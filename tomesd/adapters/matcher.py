@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, Optional
 
-from tome_core import band_range, band_shared_merges, banded_grid_merges, banded_shared_merges, compute_downsample, \
-    compute_merges, compute_shared_merges, num_cells, rng
+from tome_core import band_coordinate_merges, band_range, banded_coordinate_merges, banded_grid_merges, \
+    compute_coordinate_merges, compute_downsample, compute_merges, num_cells, rng
 
 from .calls import BlockMerge, CallState
 from .guards import CHUNKED_FF
@@ -110,21 +110,24 @@ class Matcher:
         offsets, band = None, call.band
         rs = [r for _, r in plan.site_r] if plan.site_r else [plan.r]  # per-site ratios: one matching, a merge per site
         if call.coords is not None:
-            # One matching for the batch (per-token rotary rows have no batch axis), so the random
-            # pattern need not differ between guidance halves: it follows use_rand whatever the batch.
-            # Built once per call on the first block's device; a block on another device takes them there.
+            # Each sample matched on its own where every block's rotary rows can follow it (patch.per_sample), else
+            # one matching for the batch. Either way one random pattern for the batch (keyed by seed, timestep and
+            # block), so a batch split over calls draws alike. Built once per call on the first block's device; a
+            # block on another device takes them there.
             coords = tuple(patch.host.on_device_of(c, x) for c in call.coords)
             strides = (args.st, args.sy, args.sx)[-len(coords):]  # (sy, sx) on an image, (st, sy, sx) on a video
             n = xp.shape(coords[0])[0]  # the whole grid's tokens: `x` holds one band of them under a band rule
             if args.use_rand:
                 volume = math.prod(strides)  # a space-time cell's places span its frames too
                 offsets = self._offsets(index, x, n // volume, volume, call)  # the whole grid's draw
+            per_sample = patch.per_sample
             if band is None:
-                merges = compute_shared_merges(xp, x, coords, strides, rs, offsets)
+                merges = compute_coordinate_merges(xp, x, coords, strides, rs, offsets, per_sample=per_sample)
             elif band.index is None:
-                merges = banded_shared_merges(xp, x, coords, strides, rs, offsets, band.count)
+                merges = banded_coordinate_merges(xp, x, coords, strides, rs, offsets, band.count, per_sample)
             else:  # a context-parallel rank: its own band
-                merges = band_shared_merges(xp, x, coords, strides, rs, offsets, band_range(n, band.count, band.index))
+                merges = band_coordinate_merges(xp, x, coords, strides, rs, offsets,
+                                                band_range(n, band.count, band.index), per_sample)
         else:
             bands = 1 if band is None else band.count  # context parallelism is refused on grid layouts (guards)
             h = plan.h * bands

@@ -44,7 +44,7 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
     RootKind("ChronoEdit", ("ChronoEditTransformer3DModel",), "spacetime", frame_axis=2,
              supported="the ChronoEdit video transformer (torch)"),
     # ComfyUI's own model code (Black Forest Labs' Flux layout, as in Forge and InvokeAI; Stability's MMDiT;
-    # Wan's): each patchifies (and pads) its latent inside, Flux with rotary rows shared by the batch.
+    # Wan's): each patchifies (and pads) its latent inside, Flux with per-token rotary rows.
     RootKind("Flux (ComfyUI)", ("Flux",), "patchgrid", supported="ComfyUI's Flux (comfy.ldm.flux.model.Flux)"),
     RootKind("SD3 (ComfyUI)", ("MMDiT",), "patches", supported="ComfyUI's SD3 / SD3.5 MMDiT"),
     RootKind("Wan (ComfyUI)", ("WanModel",), "spacetime", frame_axis=2, supported="ComfyUI's Wan (comfy.ldm.wan.model.WanModel)"),

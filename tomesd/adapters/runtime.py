@@ -12,7 +12,7 @@ copy's hooks; what a call computes lives in calls.py and is never copied.
 from __future__ import annotations
 
 import functools
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 from . import guards
 from .calls import Band, BlockMerge, CallStacks, CallState, Replay
@@ -93,7 +93,9 @@ class ToMePatch:
         self.timestep_spec = InputSpec.find(root, TIMESTEP, first_positional=False)
         self.matcher = Matcher(self)
         self._hooked: List[Any] = []
-        self.seam: Any = None  # the host's attention dispatch seam, while downsampling uses it (install/detach)
+        self.seam: Any = None  # the host's attention dispatch seam, while this patch uses it (install/detach)
+        # Whether a coordinate layout matches each sample on its own (install: every rotary table can follow).
+        self.per_sample = False
         # A plain int for the per-call path (paddle's SOT translator reads plain values best); downsample has none.
         self.bands = args.bands or 1
         self._init_runtime()
@@ -126,6 +128,9 @@ class ToMePatch:
         stays does. A host that installs for one call only (ComfyUI: comfy.py) leaves the root unmarked.
         `detach` undoes the hooks."""
         host, root_hooks = self.host, RootHooks(self)
+        self.per_sample, rotates_at_dispatch = self._rows_per_sample()
+        if rotates_at_dispatch:
+            self._open_seam()
         self._hook(self.root, host.add_pre_hook, root_hooks.pre)
         self._hook(self.root, functools.partial(host.add_post_hook, always_call=True), root_hooks.post)
         for index, (block, kind) in enumerate(zip(self.blocks, self.kinds)):
@@ -151,15 +156,38 @@ class ToMePatch:
                                          InputSpec.find(attn, CONTEXT, first_positional=False))
                 self._hook(attn, host.add_pre_hook, hook.pre)
             elif way.via == "dispatch":
-                if self.seam is None:
-                    self.seam = host.attention_seam()
-                    self.seam.open()
+                self._open_seam()
                 hook = DownsampleDispatch(self, index, way.attention, InputSpec.find(attn, TOKENS, first_positional=True))
                 self._around(attn, hook.pre, hook.post)
             else:
                 for projection in guards.KV_PROJECTIONS:
                     hook = DownsampleProjection(self, index, attn, projection)
                     self._hook(getattr(attn, projection), host.add_pre_hook, hook.pre)
+
+    def _open_seam(self) -> None:
+        if self.seam is None:
+            self.seam = self.host.attention_seam()
+            self.seam.open()
+
+    def _rows_per_sample(self) -> Tuple[bool, bool]:
+        """(whether every merged block's rotary rows can follow a matching per sample, whether some of them
+        are applied at the attention dispatch for it): rows with a batch axis follow as they are; rows with
+        none, where the processor dispatches and the kind says how it rotates (kinds.ROTATIONS). Else the
+        coordinate layouts match once for the batch."""
+        if self.args.mode != "merge":
+            return False, False
+        dispatches = getattr(self.host, "dispatches", None)
+        at_dispatch = False
+        for block, kind in zip(self.blocks, self.kinds):
+            sites = [(getattr(block, layer.name, None), layer) for layer in kind.sublayers if layer.rotary is not None]
+            sites += [(sublayer(block, span.rotary_at), span) for span in kind.spans if span.rotary_at is not None]
+            for module, site in sites:
+                if module is None or site.rotary_axis > 0:
+                    continue
+                if not site.rotates or dispatches is None or not dispatches(getattr(module, "processor", None)):
+                    return False, False
+                at_dispatch = True
+        return True, at_dispatch
 
     def _install_merge(self, index: int, block: Any, kind: BlockKind) -> None:
         host = self.host
@@ -184,9 +212,13 @@ class ToMePatch:
             for end in ends:
                 self._around(end, None, SpanEnd(self, index, span).post)
             inner = sublayer(block, span.rotary_at) if span.rotary_at is not None else None
-            if inner is not None:  # after the block's entry hook, when that is the block itself
+            if inner is not None:
                 spec = InputSpec.find(inner, (span.rotary,), first_positional=False) or InputSpec(span.rotary, None)
-                self._hook(inner, host.add_pre_hook, SpanRotary(self, index, span, spec).pre)
+                rotary = SpanRotary(self, index, span, spec)
+                if inner is block:  # after the block's entry hook
+                    self._hook(inner, host.add_pre_hook, rotary.pre)
+                else:  # around the attention's own forward, where an arming of the dispatch belongs
+                    self._around(inner, rotary.pre, rotary.post)
             self.seat_span_cache(index, span)
 
     def seat_span_cache(self, index: int, span: Span) -> None:

@@ -73,7 +73,8 @@ class MergeSite(SiteHook):
         if self.rotary is not None:
             rows = self.rotary.get(args, kwargs)
             if rows is not None:
-                args, kwargs = self.rotary.replace(args, kwargs, gather_rotary(merge, rows, self.layer.rotary_axis))
+                rows = follow_rotary(self, merge, rows, self.layer.rotary_axis, self.layer.rotates)
+                args, kwargs = self.rotary.replace(args, kwargs, rows)
         if self.self_attention and kwargs.get("attention_mask") is not None:
             raise ValueError(MASKED_SELF_ATTENTION)
         merged = self._along_tokens("merge", merge.merge_tail, tokens)
@@ -81,6 +82,8 @@ class MergeSite(SiteHook):
         return self.spec.replace(args, kwargs, merged)
 
     def post(self, module: Any, args: tuple, output: Any) -> Any:
+        if self.layer.rotates:
+            check_rotated(self, module)
         return unmerge_output(self, self.layer.flag, self.layer.outputs, output)
 
 
@@ -89,6 +92,33 @@ def gather_rotary(merge: Any, rows: Any, axis: int) -> Any:
     if isinstance(rows, (tuple, list)):
         return tuple(merge.gather_rows(table, axis) for table in rows)
     return merge.gather_rows(rows, axis)
+
+
+def follow_rotary(hook: SiteHook, merge: Any, rows: Any, axis: int, rotates: str) -> Any:
+    """The rows the attention about to run takes for the merged tokens. A matching per sample gives each sample
+    its own rows: a table with no batch axis ([S, D], axis 0) takes its one sample's rows for a batch of one;
+    for more, the processor gets identity rows and the attention dispatch, armed here, rotates each sample by
+    its own (kinds.ROTATIONS; the site's post-hook checks the dispatch took them)."""
+    gathered = gather_rotary(merge, rows, axis)
+    xp = hook.patch.xp
+    if axis > 0 or len(xp.shape(merge.representatives)) == 1:
+        return gathered
+    if merge.batch == 1:
+        return tuple(table[0] for table in gathered) if isinstance(gathered, tuple) else gathered[0]
+    identity, rotate = hook.patch.host.rotation_at_dispatch(rotates, gathered)
+    hook.patch.seam.arm(rotate)
+    return identity
+
+
+def check_rotated(hook: SiteHook, module: Any) -> None:
+    """After an attention given identity rows: its dispatch did rotate the queries and keys."""
+    seam = hook.patch.seam
+    if seam is not None and not seam.disarm():
+        raise RuntimeError(
+            f"ToMe gave {type(module).__name__} identity rotary rows and armed diffusers' attention dispatch to rotate "
+            f"each sample by its own rows, but its processor {type(getattr(module, 'processor', None)).__name__} made "
+            f"no call of the dispatch (a processor set after apply_patch?); call apply_patch again after changing "
+            f"processors, or run a batch of one")
 
 
 def unmerge_output(hook: SiteHook, flag: str, positions: Tuple[int, ...], output: Any) -> Any:
@@ -168,7 +198,11 @@ class SpanRotary(_SpanHook):
         rows = self.spec.get(args, kwargs)
         if merge is None or rows is None:
             return None
-        return self.spec.replace(args, kwargs, gather_rotary(merge, rows, self.span.rotary_axis))
+        return self.spec.replace(args, kwargs, follow_rotary(self, merge, rows, self.span.rotary_axis, self.span.rotates))
+
+    def post(self, module: Any, args: tuple, output: Any) -> None:
+        if self.span.rotates:
+            check_rotated(self, module)
 
 
 class DownsampleContext(SiteHook):

@@ -1,4 +1,5 @@
-"""diffusers' attention dispatch as a seam after the rotary embedding, for mode="downsample".
+"""diffusers' attention dispatch as a seam after the rotary embedding: mode="downsample" shrinks the rotated keys
+there, and merge mode rotates each sample's queries and keys there by its own rows (`rotation_at_dispatch`).
 
 Flux's and Wan's attention processors project queries, keys and values, rotate queries and keys by
 per-token rows, and call `dispatch_attention_fn`, which looks the attention backend's function up by name
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -147,3 +148,29 @@ def dispatches(processor: Any) -> bool:
     """Whether an attention processor's code calls diffusers' `dispatch_attention_fn` (its module imports it)."""
     module = sys.modules.get(type(processor).__module__) if processor is not None else None
     return module is not None and callable(getattr(module, "dispatch_attention_fn", None))
+
+
+def rotation_at_dispatch(how: str, rows: Any) -> Tuple[Any, KeyValues]:
+    """Per-sample rotary rows for a processor that takes rows with no batch axis: (rows that leave its queries
+    and keys as they are, the rewrite that rotates them by each sample's rows at the dispatch). The rewrite
+    calls the host's own rotation with the batch folded into the sequence, so each element is computed as the
+    host computes it; the identity rows (cos 1, sin 0) change no bit (x * 1 + y * 0 == x)."""
+    if how != "cos_sin":
+        raise ValueError(f"no rotation at the attention dispatch is known as {how!r}")
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    cos, sin = rows  # [B, S, D] each
+    batch, length = cos.shape[:2]
+    flat = (cos.reshape(batch * length, -1), sin.reshape(batch * length, -1))
+
+    def rotate(kwargs: Dict[str, Any]) -> Dict[str, Any]:
+        out = dict(kwargs)
+        for name in ("query", "key"):
+            x = kwargs[name]
+            if tuple(x.shape[:2]) != (batch, length):
+                raise ValueError(f"ToMe's per-sample rotary rows are for {batch} samples of {length} tokens; the "
+                                 f"attention's {name} is {list(x.shape)}")
+            out[name] = apply_rotary_emb(x.reshape(1, batch * length, *x.shape[2:]), flat, sequence_dim=1).reshape(x.shape)
+        return out
+
+    return (torch.ones_like(cos[0]), torch.zeros_like(sin[0])), rotate
