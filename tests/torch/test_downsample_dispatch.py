@@ -127,8 +127,11 @@ def test_factor_one_equals_the_host_bit_for_bit(case):
 
 def test_the_registry_is_restored_when_the_last_patch_goes_and_copies_keep_working():
     import copy
+    import gc
 
+    gc.collect()  # patched models earlier tests dropped without remove_patch count until they are collected
     own = dict(Registry._backends)
+    assert not any(hasattr(fn, "seam") for fn in own.values())  # no wrapper of ours is left in place
     first, second = T.wan().eval(), T.flux().eval()
     wan_inputs, flux_inputs = T.wan_inputs(), T.flux_inputs()
     wan_base = run(first, wan_inputs)
@@ -144,6 +147,25 @@ def test_the_registry_is_restored_when_the_last_patch_goes_and_copies_keep_worki
     tomesd.remove_patch(copied)
     assert all(Registry._backends[name] is fn for name, fn in own.items())
     run(second, flux_inputs)
+
+
+def test_a_dropped_copy_of_a_patched_model_does_not_keep_the_seam():
+    """Merge mode on Flux uses the seam too (per-sample rotation): a deep copy of the patched model that is
+    dropped without remove_patch stops counting once collected, so the registry comes back with the last
+    patch removed."""
+    import copy
+    import gc
+
+    gc.collect()  # as above
+    own = dict(Registry._backends)
+    model = T.flux().eval()
+    tomesd.apply_patch(model, ratio=0.5)
+    copied = copy.deepcopy(model)
+    assert all(Registry._backends[name] is not fn for name, fn in own.items())
+    del copied
+    gc.collect()
+    tomesd.remove_patch(model)
+    assert all(Registry._backends[name] is fn for name, fn in own.items())
 
 
 class SelfMadeProcessor:

@@ -117,7 +117,7 @@ class ToMePatch:
         self._init_runtime()
         self.matcher.reset()  # a copy keeps no matchings
         if self.seam is not None:
-            self.seam.open()  # the copy's hooks use the process's seam as well
+            self.seam.open(self)  # the copy's hooks use the process's seam as well
 
     # ---- lifecycle ----
     def validate(self) -> None:
@@ -167,7 +167,7 @@ class ToMePatch:
     def _open_seam(self) -> None:
         if self.seam is None:
             self.seam = self.host.attention_seam()
-            self.seam.open()
+            self.seam.open(self)
 
     def _rows_per_sample(self) -> Tuple[bool, bool]:
         """(whether every merged block's rotary rows can follow a matching per sample, whether some of them
@@ -270,7 +270,7 @@ class ToMePatch:
             remove_owned_hooks(self.host, module, self)
         self._hooked.clear()
         if self.seam is not None:
-            self.seam.close()
+            self.seam.close(self)
             self.seam = None
 
     def remove(self) -> None:
@@ -288,6 +288,8 @@ class ToMePatch:
         self.calls.current().append(call)
         if self.observers and not host.is_compiling():
             call.watch = CallWatch(self.observers, type(module).__name__)
+        if self.seam is not None and not host.is_compiling():
+            self.seam.cover_new_backends()
         latent = self.latent_spec.get(args, kwargs)
         if latent is None:
             raise TypeError(f"ToMe found no '{self.latent_spec.name}' input in this call of {type(module).__name__}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -58,7 +59,9 @@ class DispatchSeam:
     def __init__(self) -> None:
         self._thread = _ThreadSlot()
         self._traced: Optional[Arming] = None
-        self._users = 0
+        # The patches using the seam, by weak reference: a patched model's copy that is dropped without
+        # remove_patch stops counting when it is collected, so the wrappers still go with the last user.
+        self._users: Dict[int, "weakref.ref[Any]"] = {}
         self._originals: Dict[Any, Callable] = {}  # backend name -> its own function
         # Called eagerly with (image keys before, after) at each downsampling: the benchmark's token count.
         self.observers: List[Callable[[int, int], None]] = []
@@ -67,21 +70,35 @@ class DispatchSeam:
         return "SEAM"
 
     # ---- users ----
-    def open(self) -> None:
-        """A patch starts to use the seam: wrap every registered backend (on the first user)."""
-        self._users += 1
-        if self._users == 1:
-            backends = _registry()._backends
-            for name, fn in list(backends.items()):
-                if not isinstance(fn, _Wrapped):
-                    self._originals[name] = fn
-                    backends[name] = _Wrapped(self, fn)
+    def open(self, user: Any) -> None:
+        """`user` (a patch) starts to use the seam: wrap every registered backend (on the first user)."""
+        key = id(user)
+        if key in self._users:
+            return
+        first = not self._users
+        self._users[key] = weakref.ref(user, lambda _, key=key: self._release(key))
+        if first:
+            self.cover_new_backends()
 
-    def close(self) -> None:
-        """A patch is done with the seam: the last one puts every backend's own function back, where a
+    def cover_new_backends(self) -> None:
+        """Wrap every registered backend not wrapped yet: at the first user, and at each call's entry (eagerly),
+        since engines register backends of their own later (cache-dit's parallelism bridges its attention
+        into diffusers' registry when it is enabled)."""
+        if not self._users:
+            return
+        backends = _registry()._backends
+        for name, fn in list(backends.items()):
+            if not isinstance(fn, _Wrapped):
+                self._originals[name] = fn
+                backends[name] = _Wrapped(self, fn)
+
+    def close(self, user: Any) -> None:
+        """`user` is done with the seam: the last one puts every backend's own function back, where a
         wrapper of ours still holds its place (a backend registered again since keeps the new function)."""
-        self._users = max(self._users - 1, 0)
-        if self._users:
+        self._release(id(user))
+
+    def _release(self, key: int) -> None:
+        if self._users.pop(key, None) is None or self._users:
             return
         backends = _registry()._backends
         for name, fn in self._originals.items():
@@ -93,7 +110,7 @@ class DispatchSeam:
 
     @property
     def in_use(self) -> bool:
-        return self._users > 0
+        return bool(self._users)
 
     # ---- one attention call ----
     def arm(self, rewrite: KeyValues) -> None:
