@@ -55,8 +55,11 @@ PAIRS = [(kind, calibrator) for kind in ("flux", "sd3", "wan") for calibrator in
 @pytest.mark.parametrize("kind,calibrator", PAIRS,
                          ids=[f"{k}-{'dbcache+taylorseer' if c else 'dbcache'}" for k, c in PAIRS])
 def test_cache_dit_stacks_with_the_patch_in_either_order(kind, calibrator, tmp_path):
+    made = []  # cache-dit keeps the pipelines it caches alive: their patches are removed at the end
+
     def fresh(cache, patch, patch_first=False):
         pipe, call = pipeline(kind, tmp_path)
+        made.append(pipe)
         if patch and patch_first:
             tomesd.apply_patch(pipe, ratio=0.5)
         if cache:
@@ -65,23 +68,27 @@ def test_cache_dit_stacks_with_the_patch_in_either_order(kind, calibrator, tmp_p
             tomesd.apply_patch(pipe, ratio=0.5)
         return pipe, call
 
-    both_pipe, call = fresh(True, True)
-    both, both_q = run(both_pipe, call)
-    again, _ = run(*fresh(True, True, patch_first=True))
-    cache_only, cache_q = run(*fresh(True, False))
-    tome_only, tome_q = run(*fresh(False, True))
-    merged, full = set(tome_q), set(cache_q)
-    assert merged.isdisjoint(full)
-    assert len(both_q) == len(cache_q) < len(tome_q)  # the cache skips blocks, with the patch on too
-    assert set(both_q) <= merged  # every attention that ran merged
-    assert np.array_equal(both, again)  # deterministic, whichever came first
-    assert np.abs(both - cache_only).max() > 1000 * TOL
-    assert np.abs(both - tome_only).max() > 1000 * TOL
+    try:
+        both_pipe, call = fresh(True, True)
+        both, both_q = run(both_pipe, call)
+        again, _ = run(*fresh(True, True, patch_first=True))
+        cache_only, cache_q = run(*fresh(True, False))
+        tome_only, tome_q = run(*fresh(False, True))
+        merged, full = set(tome_q), set(cache_q)
+        assert merged.isdisjoint(full)
+        assert len(both_q) == len(cache_q) < len(tome_q)  # the cache skips blocks, with the patch on too
+        assert set(both_q) <= merged  # every attention that ran merged
+        assert np.array_equal(both, again)  # deterministic, whichever came first
+        assert np.abs(both - cache_only).max() > 1000 * TOL
+        assert np.abs(both - tome_only).max() > 1000 * TOL
 
-    tomesd.remove_patch(both_pipe)  # the cache alone
-    after, after_q = run(both_pipe, call)
-    assert after_q == cache_q and np.array_equal(after, cache_only)
-    pipe, call = fresh(True, True)
-    cache_dit.disable_cache(pipe)  # the patch alone
-    off, off_q = run(pipe, call)
-    assert off_q == tome_q and np.array_equal(off, tome_only)
+        tomesd.remove_patch(both_pipe)  # the cache alone
+        after, after_q = run(both_pipe, call)
+        assert after_q == cache_q and np.array_equal(after, cache_only)
+        pipe, call = fresh(True, True)
+        cache_dit.disable_cache(pipe)  # the patch alone
+        off, off_q = run(pipe, call)
+        assert off_q == tome_q and np.array_equal(off, tome_only)
+    finally:
+        for pipe in made:
+            tomesd.remove_patch(pipe)
