@@ -100,7 +100,10 @@ class DispatchSeam:
     def _release(self, key: int) -> None:
         if self._users.pop(key, None) is None or self._users:
             return
-        backends = _registry()._backends
+        registry = _registry()
+        if registry is None:  # the interpreter is shutting down (a user collected at exit)
+            return
+        backends = registry._backends
         for name, fn in self._originals.items():
             current = backends.get(name)
             if isinstance(current, _Wrapped) and current.seam is self:
