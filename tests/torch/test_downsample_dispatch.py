@@ -168,6 +168,29 @@ def test_a_dropped_copy_of_a_patched_model_does_not_keep_the_seam():
     assert all(Registry._backends[name] is fn for name, fn in own.items())
 
 
+def test_a_function_put_in_a_backends_place_and_taken_out_while_the_seam_is_open_stays_out():
+    """Code that wraps the active backend while a patch is applied (a profiler, a test's counter), is wrapped
+    in turn at the next root's entry, and then puts back what it found, must not come back when the last
+    patch goes: the seam unwraps what holds the place at that moment. (It once restored the function it had
+    recorded at wrapping, which left a test's counter in the registry and made later compiled loops recompile
+    on its growing list.)"""
+    import gc
+
+    gc.collect()
+    name, native = Registry.get_active_backend()
+    assert not hasattr(native, "seam")
+    model = T.flux().eval()
+    tomesd.apply_patch(model, ratio=0.5)  # merge mode on Flux opens the seam
+    seen = []
+    try:
+        with keys_seen(seen):
+            run(model, T.flux_inputs(batch=2))  # the root's entry wraps the counter
+            assert hasattr(Registry._backends[name], "seam") and seen
+    finally:
+        tomesd.remove_patch(model)
+    assert Registry._backends[name] is native
+
+
 class SelfMadeProcessor:
     """A processor that computes attention itself, not through diffusers' dispatch."""
 

@@ -62,7 +62,6 @@ class DispatchSeam:
         # The patches using the seam, by weak reference: a patched model's copy that is dropped without
         # remove_patch stops counting when it is collected, so the wrappers still go with the last user.
         self._users: Dict[int, "weakref.ref[Any]"] = {}
-        self._originals: Dict[Any, Callable] = {}  # backend name -> its own function
         # Called eagerly with (image keys before, after) at each downsampling: the benchmark's token count.
         self.observers: List[Callable[[int, int], None]] = []
 
@@ -89,12 +88,14 @@ class DispatchSeam:
         backends = _registry()._backends
         for name, fn in list(backends.items()):
             if not isinstance(fn, _Wrapped):
-                self._originals[name] = fn
                 backends[name] = _Wrapped(self, fn)
 
     def close(self, user: Any) -> None:
-        """`user` is done with the seam: the last one puts every backend's own function back, where a
-        wrapper of ours still holds its place (a backend registered again since keeps the new function)."""
+        """`user` is done with the seam: the last one unwraps every wrapper of ours that holds a backend's place.
+        It unwraps what is there now, never a function recorded at wrapping: code that put its own function in
+        a backend's place while the seam was open (and that was wrapped in turn at a root's entry) may have put
+        the earlier one back since, and a recorded function would bring a stale one back to life. A backend
+        registered again since keeps the new function."""
         self._release(id(user))
 
     def _release(self, key: int) -> None:
@@ -104,11 +105,9 @@ class DispatchSeam:
         if registry is None:  # the interpreter is shutting down (a user collected at exit)
             return
         backends = registry._backends
-        for name, fn in self._originals.items():
-            current = backends.get(name)
+        for name, current in list(backends.items()):
             if isinstance(current, _Wrapped) and current.seam is self:
-                backends[name] = fn
-        self._originals.clear()
+                backends[name] = current.fn
         self.clear()
 
     @property
