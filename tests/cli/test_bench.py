@@ -347,23 +347,17 @@ def test_sdxl_architecture_builds_and_passes_its_added_conditions(monkeypatch, c
     assert "SDXL UNet at 128x128" in printed and "L2: " in printed
 
 
-@pytest.mark.parametrize("config,cache", [("tiny-sd3", "taylorseer"), ("tiny-flux", "fbc")])
+# Random weights: fbc's threshold is raised so far that the first block's residual is always "close enough"
+# to skip (at diffusers' default 0.05 it skips nothing here, and the cache would not act).
+@pytest.mark.parametrize("config,cache", [("tiny-sd3", "taylorseer"), ("tiny-flux", "fbc:10")])
 def test_a_step_cache_runs_alone_and_under_each_setting(tmp_path, capsys, config, cache, monkeypatch):
     """--cache adds the cache alone and stacked under each of our settings, each compared with the plain
     baseline over the whole loop; the cache acts (it skips work and moves the outputs)."""
     import diffusers.hooks as dh
 
     applied = []
-    real = getattr(dh, {"taylorseer": "apply_taylorseer_cache", "fbc": "apply_first_block_cache"}[cache])
+    real = getattr(dh, {"taylorseer": "apply_taylorseer_cache", "fbc:10": "apply_first_block_cache"}[cache])
     monkeypatch.setattr(dh, real.__name__, lambda model, cfg: applied.append(cfg) or real(model, cfg))
-    if cache == "fbc":  # random weights: make the first block's residual always "close enough" to skip
-        import dataclasses
-
-        from diffusers.hooks import FirstBlockCacheConfig
-        from tomesd.bench import caches
-
-        loose = dataclasses.replace(caches.CACHES["fbc"], config=lambda clock, steps: FirstBlockCacheConfig(threshold=10.0))
-        monkeypatch.setitem(caches.CACHES, "fbc", loose)
     out_json = tmp_path / "r.json"
     argv = ["--config", config, "--res", "64", "--repeats", "1", "--warmup", "0", "--ratios", "0.5", "--modes",
             "merge,downsample" if config == "tiny-sd3" else "merge", "--steps", "8", "--cache", cache,
@@ -377,6 +371,8 @@ def test_a_step_cache_runs_alone_and_under_each_setting(tmp_path, capsys, config
     stacked = [(m, mode, cache) for m, mode, _ in ours]  # every setting, merge mode included
     assert stacked and set(rows) == {("baseline", "merge", None), ("baseline", "merge", cache)} | set(ours) | set(stacked)
     assert len(applied) == 2 * (len(stacked) + 1)  # a fresh cache for each timed loop and for the final eager pass
+    if cache == "fbc:10":
+        assert all(cfg.threshold == 10.0 for cfg in applied) and "First Block Cache (threshold 10)" in printed
     alone = rows[("baseline", "merge", cache)]
     assert rows[("baseline", "merge", None)]["loop_change"] == 0 and alone["loop_change"] > 1e-4  # the cache acts
     for m, mode, _ in stacked:  # stacked: both act, each measured against the plain baseline
@@ -418,6 +414,9 @@ def test_a_cache_of_attentions_after_a_cache_of_blocks_in_one_run(tmp_path):
      "fails on SD3Transformer2DModel in diffusers itself"),
     (["--config", "tiny-sd3", "--cache", "fbc", "--steps", "4"], "fails on SD3Transformer2DModel in diffusers itself"),
     (["--config", "tiny", "--cache", "fbc", "--steps", "4"], "fails on UNet2DConditionModel"),
+    (["--config", "tiny-sd3", "--cache", "pab:0.1", "--steps", "4"], "pab takes no value; only fbc:THRESHOLD"),
+    (["--config", "tiny-flux", "--cache", "fbc:0", "--steps", "4"], "fbc's threshold must be a positive number"),
+    (["--config", "tiny-sd3", "--cache", "fbc:0.2", "--steps", "4"], "fails on SD3Transformer2DModel"),
     (["--config", "tiny-sd3", "--cache", "taylorseer"], "--steps N"),
     (["--config", "tiny-sd3", "--cache", "taylorseer", "--steps", "4", "--compile"], "drop --compile"),
     (["--config", "tiny", "--backend", "paddle", "--cache", "taylorseer", "--steps", "4"], "torch only"),

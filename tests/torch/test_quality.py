@@ -295,12 +295,27 @@ def test_moving_digits_slide_in_straight_lines_and_bounce():
 WAN_BASE = Y.WAN_SETTINGS[0]
 LIGHT = Y.Setting("ToMe r=0.25", dict(ratio=0.25))
 CROSS_FRAME = Y.Setting("ToMe r=0.5 st=2", dict(ratio=0.5, st=2))
+# First Block Cache at diffusers' default threshold skips no step of this model (its first block's residual
+# moves more than 0.05 between steps): a setting that samples the baseline's clips bit for bit.
+FBC_DEFAULT = Y.Setting("fbc alone", None, "fbc")
 WAN_SMALL = dict(images=4, chunk=4, steps=6, noise_seeds=2)
 
 
 @pytest.fixture(scope="module")
 def wan_report():
-    return Y.evaluate([WAN_BASE, LIGHT, EXACT, CROSS_FRAME], models=M.load(arch="wan"), arch="wan", **WAN_SMALL)
+    return Y.evaluate([WAN_BASE, LIGHT, EXACT, CROSS_FRAME, FBC_DEFAULT], models=M.load(arch="wan"), arch="wan",
+                      **WAN_SMALL)
+
+
+def test_a_setting_equal_to_the_baseline_reads_identical_not_infinite(wan_report):
+    """A cache that skipped nothing gives the baseline's clips: the table says so, and counts it as closer than
+    unrelated clips (it once printed 'inf ± nan' and 'no')."""
+    same = scores(wan_report, FBC_DEFAULT.name)
+    assert torch.equal(wan_report["samples"][FBC_DEFAULT.name], wan_report["samples"][WAN_BASE.name])
+    assert same.identical and same.above_floor is True
+    assert not any(scores(wan_report, s.name).identical for s in (LIGHT, EXACT, CROSS_FRAME))
+    row = next(line for line in Y.table(wan_report).splitlines() if line.startswith("| fbc alone |"))
+    assert "identical to the baseline" in row and "inf" not in row and "nan" not in row and row.endswith("| yes |")
 
 
 def test_wan_yardstick_draws_clips_that_hold_together_over_time(wan_report):

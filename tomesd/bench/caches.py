@@ -11,6 +11,7 @@ MagCache) skip blocks, and ToMe matches nothing for a skipped block.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
@@ -46,12 +47,17 @@ class Cache:
     hooks: Tuple[str, ...]  # the hook names it registers (removed by name)
     # Denoiser classes on which diffusers 0.42 itself fails with this cache, and why.
     fails_on: Dict[str, str]
+    # The config field `--cache NAME:VALUE` sets (a skip threshold), and its value when none is given.
+    knob: Optional[str] = None
+    default: Optional[float] = None
 
 
 def _fbc(clock: StepClock, steps: int) -> Any:
     from diffusers.hooks import FirstBlockCacheConfig
 
-    return FirstBlockCacheConfig(threshold=0.05)  # diffusers' documented example threshold
+    # diffusers' default threshold. It skips a step when the first block's residual moved less than that since
+    # the last computed step: a model whose residual moves more skips nothing (`fbc:0.2` raises it).
+    return FirstBlockCacheConfig(threshold=0.05)
 
 
 def _taylorseer(clock: StepClock, steps: int) -> Any:
@@ -97,11 +103,11 @@ def _magcache(clock: StepClock, steps: int) -> Any:
 
 _UNET = "diffusers' block registry does not describe UNet blocks (IndexError inside diffusers)"
 CACHES: Dict[str, Cache] = {
-    "fbc": Cache("First Block Cache (threshold 0.05)", _fbc, "apply_first_block_cache",
+    "fbc": Cache("First Block Cache", _fbc, "apply_first_block_cache",
                  ("fbc_leader_block_hook", "fbc_block_hook"),
                  {"SD3Transformer2DModel": "diffusers' tail residual subtracts the text output that SD3's last "
                                            "block (context_pre_only) returns as None",
-                  "UNet2DConditionModel": _UNET}),
+                  "UNet2DConditionModel": _UNET}, knob="threshold", default=0.05),
     "taylorseer": Cache("TaylorSeer (diffusers' defaults)", _taylorseer, "apply_taylorseer_cache",
                         ("taylorseer_cache",), {}),
     "fastercache": Cache("FasterCache (attention every 2nd step below t=681)", _fastercache, "apply_faster_cache",
@@ -110,9 +116,48 @@ CACHES: Dict[str, Cache] = {
                                                     "approximation"}),
     "pab": Cache("Pyramid Attention Broadcast (attention every 2nd step in t=100-800)", _pab,
                  "apply_pyramid_attention_broadcast", ("pyramid_attention_broadcast",), {}),
-    "magcache": Cache("MagCache (Flux's magnitude ratios)", _magcache, "apply_mag_cache",
-                      ("mag_cache_leader_block_hook", "mag_cache_block_hook"), {"UNet2DConditionModel": _UNET}),
+    "magcache": Cache("MagCache with Flux's magnitude ratios", _magcache, "apply_mag_cache",
+                      ("mag_cache_leader_block_hook", "mag_cache_block_hook"), {"UNet2DConditionModel": _UNET},
+                      knob="threshold", default=0.06),
 }
+
+
+def _split(name: str) -> Tuple[str, Optional[float]]:
+    """`fbc:0.2` -> ("fbc", 0.2); `fbc` -> ("fbc", None). ValueError in `--cache`'s terms."""
+    base, sep, value = name.partition(":")
+    if base not in CACHES:
+        raise ValueError(f"--cache {name!r}: choose one or more of {', '.join(CACHES)}, comma-separated")
+    if not sep:
+        return base, None
+    cache = CACHES[base]
+    if cache.knob is None:
+        tunable = [f"{other}:{c.knob.upper()}" for other, c in CACHES.items() if c.knob is not None]
+        raise ValueError(f"--cache {name!r}: {base} takes no value; only {', '.join(tunable)} do")
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if not number > 0:
+        raise ValueError(f"--cache {name!r}: {base}'s {cache.knob} must be a positive number, as in {base}:"
+                         f"{cache.default}")
+    return base, number
+
+
+def lookup(name: str) -> Cache:
+    """The cache `--cache` names, with its knob set where the name gives a value (`fbc:0.2`); its title
+    says the knob's value."""
+    base, value = _split(name)
+    cache = CACHES[base]
+    if cache.knob is None:
+        return cache
+    chosen = cache.default if value is None else value
+
+    def config(clock: StepClock, steps: int) -> Any:
+        made = cache.config(clock, steps)
+        setattr(made, cache.knob, chosen)
+        return made
+
+    return dataclasses.replace(cache, title=f"{cache.title} ({cache.knob} {chosen:g})", config=config)
 
 
 def names(text: Optional[str]) -> Tuple[str, ...]:
@@ -120,9 +165,10 @@ def names(text: Optional[str]) -> Tuple[str, ...]:
     if text is None:
         return ()
     picked = tuple(dict.fromkeys(part.strip() for part in text.split(",")))
-    unknown = [name for name in picked if name not in CACHES]
-    if not picked or unknown:
+    if not picked or not all(picked):
         raise ValueError(f"--cache {text!r}: choose one or more of {', '.join(CACHES)}, comma-separated")
+    for name in picked:
+        _split(name)
     return picked
 
 
@@ -139,7 +185,7 @@ def _check_one(name: str, model_class: str, backend: str, compile: bool, steps: 
         raise ValueError("--cache is not compiled in this benchmark: drop --compile")
     if steps < 2:
         raise ValueError("--cache needs a denoising loop to act on: add --steps N (N >= 2)")
-    reason = CACHES[name].fails_on.get(model_class)
+    reason = lookup(name).fails_on.get(model_class)
     if reason is not None:
         others = [other for other, cache in CACHES.items() if model_class not in cache.fails_on]
         raise ValueError(f"--cache {name} fails on {model_class} in diffusers itself ({reason}); "
@@ -157,7 +203,7 @@ def enabled(model: Any, name: Optional[str], steps: int = 50) -> Iterator[None]:
     from diffusers.hooks import HookRegistry
     from diffusers.hooks.hooks import CacheContext, _set_cache_context
 
-    cache, clock = CACHES[name], StepClock()
+    cache, clock = lookup(name), StepClock()
     handle = model.register_forward_pre_hook(clock.pre, with_kwargs=True)
     getattr(dh, cache.apply)(model, cache.config(clock, steps))
     registry = HookRegistry.check_if_exists_or_initialize(model)

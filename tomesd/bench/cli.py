@@ -79,7 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache", metavar="NAME[,NAME...]", default=None,
                         help=f"with --steps: also run diffusers' step caches ({', '.join(caches.CACHES)}: First "
                              "Block Cache, TaylorSeer, FasterCache, Pyramid Attention Broadcast, MagCache), each "
-                             "alone and under each ToMe setting, side by side (torch)")
+                             "alone and under each ToMe setting, side by side (torch); fbc:T and magcache:T set "
+                             "the skip threshold T (defaults 0.05 and 0.06)")
     parser.add_argument("--context-parallel", type=int, metavar="N", default=None,
                         help="--arch flux or wan: run it context-parallel on N local processes (diffusers' "
                              "enable_parallelism; gloo on CPU, NCCL on CUDA, one GPU a process), the baseline beside "
@@ -408,7 +409,7 @@ def run(args: argparse.Namespace) -> int:
     if cpu_memory:
         print("peak memory: peak RSS of one forward in a fresh process (model weights included)")
     for cache in settings.caches:
-        print(f"{cache}: diffusers' {caches.CACHES[cache].title}, fresh for each timed loop; "
+        print(f"{cache}: diffusers' {caches.lookup(cache).title}, fresh for each timed loop; "
               f"output change is that of the loop's last call")
     if pipeline is not None:
         n_images = len(pipeline["prompts"]) * len(pipeline["seeds"])

@@ -151,6 +151,7 @@ class Result:
     psnr_by_frame: Optional[List[float]] = None
     temporal_psnr: Optional[float] = None
     temporal_psnr_se: Optional[float] = None  # over clips, as psnr_se
+    identical: bool = False  # every sample equals the baseline's bit for bit (infinite PSNR, no error to quote)
 
 
 def labels_for(n: int) -> Any:
@@ -254,8 +255,9 @@ def evaluate(
         if setting is not settings[0]:
             r.psnr, r.ssim = metrics.closeness(x, base_images).values()
             r.psnr_se = metrics.standard_error(metrics.psnr_per_image(x, base_images))
+            r.identical = bool(torch.equal(x, base_images))  # e.g. a cache that skipped nothing at its threshold
             if band["unrelated"] is not None:
-                r.above_floor = r.psnr - 2 * r.psnr_se > band["unrelated"]["psnr"]
+                r.above_floor = r.identical or r.psnr - 2 * r.psnr_se > band["unrelated"]["psnr"]
             if clips:
                 r.psnr_by_frame = metrics.psnr_by_frame(x, base_images)
                 r.temporal_psnr = metrics.temporal_psnr(x, base_images)
@@ -278,12 +280,16 @@ def table(report: Dict[str, Any]) -> str:
              + judge + " closer than unrelated samples |", "|---|---|---|---|---|---|---|---|"]
     for r in report["results"]:
         psnr = "-" if r.psnr is None else f"{r.psnr:.1f}" + ("" if r.psnr_se is None else f" ± {r.psnr_se:.2f}")
+        if r.identical:
+            psnr = "identical to the baseline"
         ssim = "-" if r.ssim is None else f"{r.ssim:.3f}"
         floor = "-" if r.above_floor is None else ("yes" if r.above_floor else "no")
         if clips:
             ends = "-" if r.psnr_by_frame is None else f"{r.psnr_by_frame[0]:.1f} / {r.psnr_by_frame[-1]:.1f}"
             judged = ("-" if r.temporal_psnr is None else f"{r.temporal_psnr:.1f}"
                       + ("" if r.temporal_psnr_se is None else f" ± {r.temporal_psnr_se:.2f}")) + f" | {ends}"
+            if r.identical:
+                judged = "identical | identical"
         else:
             judged = f"{r.accuracy:.3f} | {r.fd:.2f}"
         lines.append(f"| {r.name} | {r.time_s:.1f} | {r.speedup:.2f}x | {psnr} | {ssim} | {judged} | {floor} |")
@@ -390,7 +396,7 @@ def add_arguments(parser: Any) -> None:
                              "on the same clips, one space-time grid)")
     parser.add_argument("--cache", metavar="NAME[,NAME...]", default=None,
                         help=f"also run diffusers' step caches ({', '.join(CACHES)}), each alone and stacked under "
-                             "each setting")
+                             "each setting; fbc:T and magcache:T set the skip threshold T")
     parser.add_argument("--images", type=int, default=64, help="samples per setting (labels 0-9 in turn)")
     parser.add_argument("--chunk", type=int, default=16, help="images per sampling call (x2 with guidance)")
     parser.add_argument("--steps", type=int, default=sampling.STEPS,
