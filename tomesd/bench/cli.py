@@ -98,11 +98,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "configurations on CPU: a check of the plumbing, not a measurement)")
     parser.add_argument("--out", metavar="DIR", default=None, help="with --preset: where the runs' JSON and the "
                                                                     "report go (default bench-out/gpu-report)")
+    parser.add_argument("--only", metavar="SLUG[,SLUG...]", default=None,
+                        help="with --preset: run only these runs (their JSON names without the number, e.g. "
+                             "sd1-5-1024-compiled): a rerun of what failed")
     parser.add_argument("--budget", type=float, default=None, metavar="S",
                         help="with --preset: wall-clock seconds; runs that would start later are listed as not run "
                              "(default 540)")
     parser.add_argument("--compile-backend", metavar="NAME", default=None,
                         help="torch.compile backend with --compile (default: inductor; aot_eager, eager for checks)")
+    parser.add_argument("--profile", action="store_true",
+                        help="torch, eager: also profile one forward of the baseline, each ToMe ratio and the "
+                             "reference (torch.profiler): the ops that cost most, device time on a GPU")
+    parser.add_argument("--compile-mode", choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"],
+                        default=None, help="inductor's mode with --compile: reduce-overhead replays each "
+                                           "configuration as CUDA graphs (CUDA only)")
 
 
 def _fail(message: str) -> int:
@@ -234,6 +243,11 @@ def run(args: argparse.Namespace) -> int:
                          "--preset-config tiny for a CPU check of the plumbing)")
         if args.budget is None:
             args.budget = gpu_report.BUDGET_S
+        if args.only is not None:
+            try:
+                gpu_report.pick(args.only)
+            except ValueError as exc:
+                return _fail(str(exc))
         return gpu_report.run(args, _bench)
     if getattr(args, "host", "diffusers") == "comfyui":
         from . import comfyui
@@ -287,8 +301,17 @@ def run(args: argparse.Namespace) -> int:
             raise BadModelPath(f"--model {args.model!r}: no such folder")
         if args.compile_backend is not None and not args.compile:
             raise ValueError("--compile-backend goes with --compile")
+        compile_mode = getattr(args, "compile_mode", None)
+        if compile_mode is not None and not args.compile:
+            raise ValueError("--compile-mode goes with --compile")
+        if compile_mode is not None and (args.compile_backend or "inductor") != "inductor":
+            raise ValueError(f"--compile-mode is inductor's; --compile-backend {args.compile_backend} has no modes")
+        if compile_mode == "reduce-overhead" and args.device not in ("cuda", "gpu"):
+            raise ValueError("--compile-mode reduce-overhead replays CUDA graphs: it needs --device cuda")
         if args.compile and args.backend != "torch":
             raise ValueError("--compile is torch only (torch.compile); paddle has no compiled mode in this benchmark")
+        if getattr(args, "profile", False) and (args.backend != "torch" or args.compile or args.model is not None):
+            raise ValueError("--profile times eager torch forwards: no --backend paddle, --compile or --model")
         missing = missing_dependencies(args)
         if missing:
             raise ValueError("; ".join(missing))
@@ -324,6 +347,7 @@ def run(args: argparse.Namespace) -> int:
             max_downsample=args.max_downsample, dtype=args.dtype, device=args.device, repeats=args.repeats,
             warmup=max(args.warmup, 0), compare=args.compare, seed=args.seed,
             compile=args.compile, compile_backend=args.compile_backend or "inductor",
+            compile_mode=None if compile_mode in (None, "default") else compile_mode,
             modes=tuple(modes), reuse_steps=tuple(reuse), downsample_factor=args.downsample_factor,
             downsample_method=args.downsample_method, steps=1 if args.model is not None else (args.steps or 1),
             caches=picked_caches, frames=args.frames or arch.frames or 16,
@@ -360,7 +384,8 @@ def run(args: argparse.Namespace) -> int:
     n_configs = len(configurations(settings))
     cpu_memory = not kit.on_gpu() and not args.no_memory
     total = n_configs * (settings.warmup + settings.repeats + 1 + (1 if cpu_memory else 0) + (1 if settings.compile else 0))
-    compiled = f", torch.compile(backend={settings.compile_backend!r})" if settings.compile else ""
+    compiled = (f", torch.compile(backend={settings.compile_backend!r}"
+                + (f", mode={settings.compile_mode!r})" if settings.compile_mode else ")") if settings.compile else "")
 
     arch = ARCHS[settings.config]
     model_name = _model_name(settings)
@@ -376,6 +401,14 @@ def run(args: argparse.Namespace) -> int:
             measure_cpu_memory(settings, rows, bar.update)
     fill_memory_reductions(rows)
     fill_flops(settings, rows)
+    profiles = None
+    if getattr(args, "profile", False):
+        from . import profiling
+
+        try:
+            profiles = profiling.run(settings, kit)
+        except Exception as exc:  # noqa: BLE001 - a profiler that cannot run here costs the profile, not the timings
+            notes.append(f"--profile failed, the timings stand: {type(exc).__name__}: {str(exc)[:300]}")
 
     pipeline = None
     if args.model is not None:
@@ -421,7 +454,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"closeness: {pipeline['metrics']}")
         print(f"image grid: {pipeline['grid']}; closeness plot: {pipeline['closeness_plot']}")
     if args.json:
-        write_json(args.json, settings, rows, kit, pipeline, notes)
+        write_json(args.json, settings, rows, kit, pipeline, notes, profiles)
         print(f"results: {args.json}")
     if args.plot:
         write_plot(args.plot, rows, kit.reference_name,

@@ -93,6 +93,11 @@ class TorchKit(_Kit):
                     if "motion_modules" in name and name.endswith("proj_out.weight"):
                         p.normal_(0, p.shape[1] ** -0.5)
             model = model.to(self.device)
+        elif self.device.type == "cuda":
+            # Initialised on the GPU itself: full-size random weights on the host take minutes to draw
+            # (the GPU report builds some twenty models), on the GPU a second or two.
+            with self.torch.device(self.device):
+                model = getattr(diffusers, arch.cls)(**arch.build_config(depth))
         else:
             model = getattr(diffusers, arch.cls)(**arch.build_config(depth)).to(self.device)
         if self.dtype != self.torch.float32:
@@ -178,19 +183,32 @@ class TorchKit(_Kit):
     def compile_backends(self) -> List[str]:
         return list(self.torch._dynamo.list_backends(exclude_tags=()))
 
-    def compile(self, model: Any, backend: str) -> Any:
+    def compile(self, model: Any, backend: str, mode: Optional[str] = None) -> Any:
         """torch.compile of one configuration, isolated from the others. Dynamo caches compiled code
         per code object, and every configuration runs the same UNet code: compiled directly, a patched
         copy was served the graph traced for the unpatched baseline (torch 2.13: its output was the
         baseline's), and a graph break inside the UNet's block loop makes dynamo fall back to eager for
         that code in every configuration compiled after it. So each configuration is compiled through
         its own entry function (a code object of its own) with fullgraph=True: one whole graph, or an
-        error. tests/cli/test_bench_compile.py checks each compiled output against its eager copy."""
+        error. tests/cli/test_bench_compile.py checks each compiled output against its eager copy.
+
+        `mode` is inductor's ("reduce-overhead": the graph replayed as CUDA graphs). Each configuration's
+        graphs are then their own CUDA-graph tree and the bench calls them in turn, so every call begins a
+        new step (torch.compiler.cudagraph_mark_step_begin) and its output is copied before the next."""
         import types
 
         self._entries = getattr(self, "_entries", 0) + 1
         code = _call_model.__code__.replace(co_name=f"{_call_model.__name__}_{self._entries}")
-        entry = self.torch.compile(types.FunctionType(code, globals()), backend=backend, fullgraph=True)
+        options = {} if mode is None else {"mode": mode}
+        entry = self.torch.compile(types.FunctionType(code, globals()), backend=backend, fullgraph=True, **options)
+        if mode == "reduce-overhead":
+            mark_step = self.torch.compiler.cudagraph_mark_step_begin
+
+            def replayed(*args: Any) -> Any:
+                mark_step()
+                return entry(model, *args).clone()
+
+            return _Compiled(replayed)
         return _Compiled(lambda *args: entry(model, *args))
 
     @contextlib.contextmanager

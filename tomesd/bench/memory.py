@@ -47,7 +47,7 @@ def main() -> None:
     if settings.compile:  # the compiled forward's peak, after its compilation
         with kit.compile_settings(1):
             copy = kit.patched_copy(model, config, settings)
-            compiled = kit.compile(copy, settings.compile_backend)
+            compiled = kit.compile(copy, settings.compile_backend, settings.compile_mode)
             kit.forward(compiled, inputs)
             _reset_peak()
             kit.forward(compiled, inputs)

@@ -115,7 +115,7 @@ def machine(kit: Any) -> Dict[str, Any]:
 
 
 def write_json(path: str, settings: Any, rows: List[Any], kit: Any, pipeline: Optional[Dict[str, Any]] = None,
-               notes: Optional[List[str]] = None) -> None:
+               notes: Optional[List[str]] = None, profiles: Optional[Dict[str, Any]] = None) -> None:
     doc: Dict[str, Any] = {
         "schema": SCHEMA,
         "machine": machine(kit),
@@ -128,6 +128,8 @@ def write_json(path: str, settings: Any, rows: List[Any], kit: Any, pipeline: Op
         doc["pipeline"] = pipeline
     if notes:
         doc["notes"] = list(notes)
+    if profiles:
+        doc["profile"] = profiles  # profiling.run: the ops that cost most in one forward per configuration
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(doc, f, indent=2, default=float)

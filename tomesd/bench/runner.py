@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from .kits import make_kit, timed
+from .own_time import MachineryTimer, host_seconds, own_work
 from .tokens import counts, token_counter, tokens_per_level
 
 
@@ -33,6 +34,7 @@ class Settings:
     seed: int = 0
     compile: bool = False  # torch.compile one model object per configuration
     compile_backend: str = "inductor"
+    compile_mode: Optional[str] = None  # inductor's mode: "reduce-overhead" replays CUDA graphs
     modes: Tuple[str, ...] = ("merge",)
     reuse_steps: Tuple[int, ...] = (1,)  # merge rows per ratio, one per value
     downsample_factor: int = 2
@@ -76,6 +78,11 @@ class Row:
     mem_reduction: Optional[float] = None
     tome_time_s: Optional[float] = 0.0  # None with --compile: ToMe's functions run inside the compiled graph
     tome_fraction: Optional[float] = 0.0
+    tome_parts: Dict[str, float] = field(default_factory=dict)  # ToMe's own seconds per kind of work (observe.WORK)
+    # On a GPU: the same pieces' seconds on the host alone (Python and kernel launches, nothing waited for),
+    # from one more forward with no synchronisation around them; None elsewhere.
+    tome_host_s: Optional[float] = None
+    tome_host_parts: Optional[Dict[str, float]] = None
     output_change: float = 0.0  # relative to the baseline's output, at the loop's last call
     loop_change: Optional[float] = None  # with --steps N > 1: the same, averaged over the loop's calls
     tokens: Dict[str, List[int]] = field(default_factory=dict)  # level -> [before, after]
@@ -98,50 +105,6 @@ def configurations(settings: Settings) -> List[Config]:
     plain = [c for c in configs if c.method in ("baseline", "tome")]
     configs += [replace(c, cache=cache) for cache in settings.caches for c in plain]
     return configs
-
-
-class MachineryTimer:
-    """Adds up the time spent in ToMe's own functions (matching, merge, unmerge) during a forward."""
-
-    def __init__(self, kit: Any):
-        self.kit, self.total = kit, 0.0
-
-    def wrap(self, fn: Callable) -> Callable:
-        def wrapped(*args: Any, **kwargs: Any) -> Any:
-            self.kit.sync()
-            start = time.perf_counter()
-            out = fn(*args, **kwargs)
-            self.kit.sync()
-            self.total += time.perf_counter() - start
-            if isinstance(out, tuple) and out and all(callable(o) for o in out):
-                return tuple(self.wrap(o) for o in out)  # the references return (merge, unmerge)
-            return out
-
-        return wrapped
-
-    @contextlib.contextmanager
-    def installed(self, targets: List[Tuple[Any, str]]) -> Iterator[None]:
-        saved = [(owner, name, getattr(owner, name)) for owner, name in targets]
-        for owner, name, fn in saved:
-            setattr(owner, name, self.wrap(fn))
-        try:
-            yield
-        finally:
-            for owner, name, fn in saved:
-                setattr(owner, name, fn)
-
-
-@contextlib.contextmanager
-def own_work(model: Any, cfg: Config, settings: Settings, kit: Any) -> Iterator[Optional[Any]]:
-    """This project's ToMe work, timed through its inspection seam (None: not this project's patch, or a
-    compiled run, where ToMe's functions are no separate calls)."""
-    if cfg.method != "tome" or settings.compile:
-        yield None
-        return
-    import tomesd
-
-    with tomesd.observe(model, timing=True, sync=kit.sync) as observed:
-        yield observed
 
 
 def run_unet(settings: Settings, progress: Callable[[int], None] = lambda n: None,
@@ -185,7 +148,7 @@ def _measure(settings: Settings, kit: Any, model: Any, loop: List[Tuple[Any, ...
             if cfg not in rows:  # a reference already left out
                 continue
             eager[cfg] = kit.patched_copy(model, cfg, settings)
-            compiled[cfg] = kit.compile(eager[cfg], settings.compile_backend)
+            compiled[cfg] = kit.compile(eager[cfg], settings.compile_backend, settings.compile_mode)
             try:
                 rows[cfg].compile_s = timed(kit, lambda: kit.forward(compiled[cfg], inputs))
             except Exception as exc:  # noqa: BLE001 - dynamo raises many kinds
@@ -253,6 +216,10 @@ def _measure(settings: Settings, kit: Any, model: Any, loop: List[Tuple[Any, ...
             out = outs[-1]
         if observed is not None:
             timer.total += observed.total_seconds
+            row.tome_parts = {work: seconds for work, seconds in observed.seconds.items() if seconds}
+            if kit.on_gpu():
+                row.tome_host_parts = host_seconds(kit, model, cfg, settings, run_loop)
+                row.tome_host_s = sum(row.tome_host_parts.values())
         progress(1)
         if cfg.method == "baseline" and cfg.cache is None:
             baseline_out, baseline_seen, baseline_outs = out, counts(seen), outs
