@@ -163,6 +163,27 @@ class TokenMerge:
         xp, b, m = self._xp, self.batch, self.num_merged
         return xp.reshape(self._flat_rows, [b, self.num_tokens]) - xp.reshape(xp.arange(b * m, self._flat_rows, step=m), [b, 1])
 
+    def with_passing_tail(self, tail: int) -> "TokenMerge":
+        """This merge over N tokens followed by `tail` tokens that pass whole, each its own merged row after
+        the M rows: a reference image's tokens joined after the target's (Flux Kontext) never merge with them.
+        The same index map, extended: merge, unmerge and rotary rows need nothing else."""
+        if tail <= 0:
+            return self
+        xp, b, n, m = self._xp, self.batch, self.num_tokens, self.num_merged
+        n2, m2 = n + tail, m + tail
+        own = xp.arange(tail, self._flat_rows) + m  # the tail's rows within a sample
+        rows = xp.concat([self.sample_rows(), xp.broadcast_to(xp.reshape(own, [1, tail]), [b, tail])], 1)
+        flat_rows = xp.reshape(rows + xp.reshape(xp.arange(b * m2, rows, step=m2), [b, 1]), [b * n2])
+        ones = xp.zeros([b, tail, 1], self._inv_counts) + 1
+        inv_counts = xp.concat([xp.broadcast_to(self._inv_counts, [b, m, 1]), ones], 1)
+        shared = None if self._rows is None else xp.concat([self._rows, own], 0)
+        reps, tail_reps = self.representatives, xp.arange(tail, self._flat_rows) + n
+        if reps is not None and len(xp.shape(reps)) == 2:
+            reps = xp.concat([reps, xp.broadcast_to(xp.reshape(tail_reps, [1, tail]), [b, tail])], 1)
+        elif reps is not None:
+            reps = xp.concat([reps, tail_reps], 0)
+        return TokenMerge(xp, flat_rows, inv_counts, b, n2, m2, shared, reps)
+
     def for_batch(self, batch: int) -> "TokenMerge":
         """This merge (computed for one map) applied to every sample of a batch of `batch`."""
         xp, n, m = self._xp, self.num_tokens, self.num_merged

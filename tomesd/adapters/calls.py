@@ -19,7 +19,7 @@ BlockMerge = Any
 class CallState:
     """What one call of a root computes; dropped when the call returns."""
 
-    __slots__ = ("grid", "coords", "ids", "timestep", "key", "draws", "finest_level", "merges", "pending",
+    __slots__ = ("grid", "coords", "ids", "tail", "timestep", "key", "draws", "finest_level", "merges", "pending",
                  "shared", "step", "ratio", "watch", "band")
 
     def __init__(self) -> None:
@@ -31,6 +31,7 @@ class CallState:
         # CogVideoX): (rows, cols) or (frames, rows, cols).
         self.coords: Optional[Tuple[Any, ...]] = None
         self.ids: Any = None  # Flux: the ids tensor itself, which tells grids of one token count apart
+        self.tail = 0  # reference tokens after the image's, passed whole (references.py: Flux Kontext)
         self.timestep: Any = None
         self.key: Any = None  # computed at the call's first random draw, inside the forward
         self.draws: Dict[int, Any] = {}  # cells per block -> [blocks, cells] dst places

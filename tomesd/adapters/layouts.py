@@ -118,11 +118,14 @@ class _Coordinates(Layout):
         if call.coords is None:
             call.coords = self._coords(call, x)
         n, s = self.xp.shape(call.coords[0])[0], self.xp.shape(x)[1]
-        band = call.band
+        band, tail = call.band, call.tail  # tail: reference tokens after the image's (references.py)
         if band is None or band.index is None:
-            if s < n:
-                raise split_sequence(self.model, s, n)
-            return x[:, s - n:]
+            if s < n + tail:
+                raise split_sequence(self.model, s, n + tail)
+            return x[:, s - n - tail:s - tail]
+        if tail:
+            raise ValueError(f"{self.model} under context parallelism cannot pass a reference image's tokens "
+                             f"whole (Flux Kontext): run the edit on one process, or without ToMe")
         start, stop = band_range(n, band.count, band.index)
         if s >= n:  # the whole sequence: a block whose own forward splits it (diffusers' plan for Wan's blocks.0)
             return x[:, s - n + start:s - n + stop]
@@ -138,6 +141,9 @@ class Ids(_Coordinates):
         self.name = kind.ids
         self.spec = InputSpec.find(root, (kind.ids,), False)
         self._grids: Dict[int, Tuple[Any, Tuple[int, int, int]]] = {}  # id(ids) -> (weak ref, grid), see downsample_grid
+        # The target's token count in this pipeline run, when the pipeline joins a reference image's tokens
+        # after them (references.ReferenceSplit sets it); None: every image token is the target's.
+        self.target: Optional[int] = None
 
     def validate(self, patch: Any) -> None:
         if self.spec is None:
@@ -157,10 +163,13 @@ class Ids(_Coordinates):
         rows = ids_shape[1] if len(ids_shape) == 3 else ids_shape[0]  # older diffusers: ids with a batch axis
         if rows != shape[1]:
             raise ValueError(
-                f"{self.name} has {rows} rows for {shape[1]} latent tokens: ToMe merges the "
-                f"latent's own tokens only (reference-image tokens, as in Flux Kontext, are not supported)"
-            )
-        call.grid, call.ids = ids, ids
+                f"{self.name} has {rows} rows for {shape[1]} latent tokens: ToMe merges the latent's own tokens "
+                f"and reads their grid from {self.name}, one row each")
+        call.ids = ids  # the whole tensor: it tells this run's grid from another's of one token count
+        if self.target is not None and rows > self.target:  # a reference image's tokens follow the target's
+            call.tail = rows - self.target
+            ids = ids[..., :self.target, :]
+        call.grid = ids
 
     def _coords(self, call: Any, x: Any) -> Tuple[Any, ...]:
         ids = call.grid

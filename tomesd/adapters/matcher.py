@@ -57,6 +57,10 @@ class Matcher:
         if plan is None:
             return None
         if args.mode == "downsample":
+            if call.tail:
+                raise ValueError(
+                    f"mode='downsample' cannot leave a reference image's {call.tail} tokens out (Flux Kontext): "
+                    f"use mode='merge', which merges the target's tokens and passes the reference's whole")
             frames, h, w = patch.layout.downsample_grid(call, plan, patch.host)
             key = ("downsample", batch, frames, h, w)
             if key not in call.shared:  # the same index map for every block of the level

@@ -22,6 +22,9 @@ class RootKind:
     video: bool = False  # "levels": a 5-D latent whose frames ride in the spatial blocks' batch
     frame_axis: Optional[int] = None  # "spacetime": the latent's frame axis
     ids: Optional[str] = None  # "ids": the input with each image token's (0, row, col)
+    # Pipelines that join reference-image tokens after the target's in one sequence, the target's latents
+    # returned first by their prepare_latents (references.py): ToMe merges the target's only.
+    joined_references: Tuple[str, ...] = ()
     supported: str = ""  # how the supported-model list names it ("": not listed)
     refused: str = ""  # why ToMe cannot patch it ("": it can)
 
@@ -34,6 +37,7 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
     RootKind("Prior", ("PriorTransformer",), "levels", refused="a prior over embeddings, not over an image latent"),
     # Flux's packed latent has no spatial axes: its `img_ids` rows are (0, row, col).
     RootKind("Flux", ("FluxTransformer2DModel", "FluxControlNetModel"), "ids", suffix=True, ids="img_ids",
+             joined_references=("FluxKontextPipeline", "FluxKontextInpaintPipeline"),
              supported="a Flux transformer or ControlNet (torch)"),
     # Video transformers: every frame's tokens in one sequence, frames outermost. Wan [B, C, F, H, W],
     # CogVideoX [B, F, C, H, W].

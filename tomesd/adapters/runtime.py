@@ -20,6 +20,7 @@ from .kinds import BlockKind, Span, block_kind, in_temporal_container, sublayer
 from .layouts import layout_of
 from .matcher import Matcher
 from .observe import CallWatch
+from .references import with_tail
 from .roots import root_kind
 from .signatures import CONTEXT, LATENT, TIMESTEP, TOKENS, InputSpec
 from .sites import (
@@ -83,6 +84,7 @@ class ToMePatch:
     def __init__(self, root: Any, args: Any, host: Any, xp: Any):
         self.root, self.args, self.host, self.xp = root, args, host, xp
         self.clock: Any = None  # a clock.StepClock when a pipeline was patched with reuse_steps > 1 or a schedule
+        self.references: Any = None  # a references.ReferenceSplit when its pipeline joins reference tokens
         self.slot = 0  # this denoiser's place among its pipeline's (the clock's keys)
         self.host_ratio: Optional[float] = None  # a scheduled ratio the host's loop set for its next call (ComfyUI)
         self.blocks = transformer_blocks(host, root)
@@ -278,6 +280,7 @@ class ToMePatch:
         self.replay.clear()
         self.matcher.reset()  # drops kept matches of every thread
         self.clock = None  # the pipeline's clock (targets.remove detaches it from the scheduler)
+        self.references = None  # the pipeline's reference split (targets.remove detaches it)
         if self.root.__dict__.get(PATCH_ATTR) is self:
             delattr(self.root, PATCH_ATTR)
 
@@ -362,7 +365,8 @@ class ToMePatch:
         """Block `index`'s merge, from its input `x`; `grad`: gradients were on when the block was entered."""
         watch = call.watch
         started = None if watch is None else watch.start()
-        merge = self.matcher.block_merge(index, block, self.layout.image_tokens(call, x), call, grad)
+        merge = with_tail(self.matcher.block_merge(index, block, self.layout.image_tokens(call, x), call, grad),
+                          call.tail)
         call.merges[index] = merge
         if watch is not None:
             watch.stop("downsample" if self.args.mode == "downsample" else "match", started)

@@ -8,9 +8,10 @@ from __future__ import annotations
 from typing import Any, List, Tuple
 
 from .clock import StepClock, clockable
+from .references import ReferenceSplit, joins_references
 from .frameworks import array_ops, class_names, framework_of, host_ops
 from .kinds import KNOWN_BLOCKS
-from .roots import SUPPORTED, refusal
+from .roots import SUPPORTED, refusal, root_kind
 from .runtime import PATCH_ATTR, ToMePatch, transformer_blocks
 
 # Pipeline components that are never denoisers (prefixes: text_encoder_2, vae_decoder, ...).
@@ -149,6 +150,11 @@ def apply(obj: Any, args: Any) -> Tuple[Any, List[Any]]:
         clock.attach()
         for slot, patch in enumerate(patches):
             patch.clock, patch.slot = clock, slot
+    if "DiffusionPipeline" in class_names(obj) and joins_references(obj, [root_kind(p.root) for p in patches]):
+        split = ReferenceSplit(obj, [patch.layout for patch in patches if hasattr(patch.layout, "target")])
+        split.attach()
+        for patch in patches:
+            patch.references = split
     for patch in patches:
         patch.install()
     _after_change(obj, [patch.root for patch in patches])
@@ -161,6 +167,8 @@ def remove(obj: Any) -> Tuple[Any, List[Any]]:
     for patch in patches:
         if patch.clock is not None:
             patch.clock.detach()
+        if patch.references is not None:
+            patch.references.detach()
         patch.remove()
     _after_change(obj, [patch.root for patch in patches])
     return obj, [patch.root for patch in patches]
