@@ -482,6 +482,28 @@ def test_self_attention_mask_is_refused_clearly(bases):
     assert_merges(model, bases["sd1"])
 
 
+@pytest.mark.parametrize("mode", ["merge", "downsample"])
+def test_a_self_attention_mask_passed_by_position_is_refused_as_by_name(bases, mode):
+    """A host whose blocks pass the mask to self-attention by position (attn1(x, None, mask)) is refused as
+    one passing it by name, never left to reach the attention with mismatched shapes."""
+    model = fresh(bases, "sd1", patch=mode == "merge")
+    if mode == "downsample":
+        tomesd.apply_patch(model, mode="downsample")
+
+    def by_position(module, args, kwargs):
+        if kwargs.get("attention_mask") is None:
+            return None
+        kwargs = dict(kwargs)
+        context = kwargs.pop("encoder_hidden_states", None)
+        return (args[0] if args else kwargs.pop("hidden_states"), context, kwargs.pop("attention_mask")), kwargs
+
+    for block in model.modules():
+        if type(block).__name__ == "BasicTransformerBlock":
+            block.attn1.register_forward_pre_hook(by_position, with_kwargs=True, prepend=True)
+    with pytest.raises(ValueError, match="merge_attn=False" if mode == "merge" else "attention_mask"):
+        run(model, attention_mask=torch.ones(2, 7))
+
+
 # ---------------------------------------------------------------- 5. LoRA (peft)
 
 def lora_config():

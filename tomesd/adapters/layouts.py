@@ -20,7 +20,7 @@ from typing import Any, Dict, Optional, Tuple
 from tome_core import band_range, block_grid, plan_level_block, plan_grid_block
 
 from .guards import split_sequence
-from .roots import RootKind
+from .roots import SUPPORTED, RootKind
 from .signatures import InputSpec
 
 
@@ -78,6 +78,17 @@ class Levels(Layout):
     def __init__(self, root: Any, kind: RootKind, xp: Any) -> None:
         super().__init__(root, kind, xp)
         self.latent_dims = 5 if kind.video else 4
+        # A root of no family in roots.py whose blocks ToMe knows is read as a UNet (LDM's, ComfyUI's and
+        # others' UNets have class names of their own): one whose input is no latent is named as unknown.
+        self.guessed = kind.family == "UNet" and not any(word in self.model for word in ("UNet", "ControlNet"))
+
+    def read(self, call: Any, module: Any, args: tuple, kwargs: dict, shape: Tuple[int, ...], name: str) -> None:
+        if self.guessed and len(shape) != self.latent_dims:
+            raise ValueError(
+                f"ToMe does not know {self.model}: its transformer blocks are of a kind ToMe merges, but its family "
+                f"is not in ToMe's table (tomesd/adapters/roots.py), so it was read as a UNet, whose '{name}' input "
+                f"is a latent [B, C, H, W]; it got {list(shape)}. Supported: {SUPPORTED}")
+        super().read(call, module, args, kwargs, shape, name)
 
     def plan(self, args: Any, call: Any, batch: int, num_tokens: int, index: int, bands: int = 1) -> Any:
         if call.finest_level is None:  # the call's first attention block: the finest level that has attention

@@ -22,7 +22,7 @@ from .matcher import Matcher
 from .observe import CallWatch
 from .references import with_tail
 from .roots import root_kind
-from .signatures import CONTEXT, LATENT, TIMESTEP, TOKENS, InputSpec
+from .signatures import CONTEXT, LATENT, MASK, TIMESTEP, TOKENS, InputSpec
 from .sites import (
     BlockEntry, DownsampleContext, DownsampleDispatch, DownsampleProjection, MergeSite, SpanEnd, SpanInterior,
     SpanRotary, SpanStart,
@@ -155,7 +155,7 @@ class ToMePatch:
                 continue
             if way.via == "context":
                 hook = DownsampleContext(self, index, InputSpec.find(attn, TOKENS, first_positional=True),
-                                         InputSpec.find(attn, CONTEXT, first_positional=False))
+                                         InputSpec.find(attn, CONTEXT, first_positional=False), _mask_spec(attn))
                 self._hook(attn, host.add_pre_hook, hook.pre)
             elif way.via == "dispatch":
                 self._open_seam()
@@ -201,7 +201,7 @@ class ToMePatch:
             if layer.rotary is not None:  # by keyword, or where the signature puts it (Wan passes it by position)
                 rotary = InputSpec.find(sub, (layer.rotary,), first_positional=False) or InputSpec(layer.rotary, None)
             hook = MergeSite(self, index, layer, InputSpec.find(sub, layer.tokens, first_positional=True), rotary,
-                             self_attention=layer.name == kind.self_attention)
+                             mask=_mask_spec(sub) if layer.name == kind.self_attention else None)
             self._around(sub, hook.pre, hook.post)
         for span in kind.spans:
             start = sublayer(block, span.start)
@@ -373,3 +373,8 @@ class ToMePatch:
             watch.used(index, self.kind_names[index], merge)
         if merge is not None and grad and not self.host.is_compiling():
             self.replay.keep(index, merge)
+
+
+def _mask_spec(attention: Any) -> InputSpec:
+    """Where an attention's mask arrives: a host passing it by position is seen as one passing it by name."""
+    return InputSpec.find(attention, MASK, first_positional=False) or InputSpec(MASK[0], None)

@@ -10,6 +10,7 @@ TOKENS = ("hidden_states", "x")
 LATENT = ("sample", "x")
 TIMESTEP = ("timestep", "timesteps", "t")
 CONTEXT = ("encoder_hidden_states", "context")
+MASK = ("attention_mask",)
 
 
 def _parameters(module: Any) -> list:

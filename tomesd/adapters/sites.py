@@ -60,9 +60,10 @@ class MergeSite(SiteHook):
     """A sub-layer whose input holds the image tokens: they merge before it, its image output unmerges."""
 
     def __init__(self, patch: Any, index: int, layer: Sublayer, spec: InputSpec, rotary: Optional[InputSpec],
-                 self_attention: bool) -> None:
+                 mask: Optional[InputSpec]) -> None:
         super().__init__(patch, index)
-        self.layer, self.spec, self.rotary, self.self_attention = layer, spec, rotary, self_attention
+        # mask: where a self-attention's attention_mask arrives (by name or by position); None elsewhere.
+        self.layer, self.spec, self.rotary, self.mask = layer, spec, rotary, mask
 
     def pre(self, module: Any, args: tuple, kwargs: dict) -> Any:
         # The image tokens, or a sequence ending with them (CogVideoX's feed-forward sees [text, image]).
@@ -75,7 +76,7 @@ class MergeSite(SiteHook):
             if rows is not None:
                 rows = follow_rotary(self, merge, rows, self.layer.rotary_axis, self.layer.rotates)
                 args, kwargs = self.rotary.replace(args, kwargs, rows)
-        if self.self_attention and kwargs.get("attention_mask") is not None:
+        if self.mask is not None and self.mask.get(args, kwargs) is not None:
             raise ValueError(MASKED_SELF_ATTENTION)
         merged = self._along_tokens("merge", merge.merge_tail, tokens)
         self._record(self.layer.flag, tokens, merged)
@@ -208,9 +209,10 @@ class SpanRotary(_SpanHook):
 class DownsampleContext(SiteHook):
     """Self-attention given the downsampled tokens as its context argument (keys and values)."""
 
-    def __init__(self, patch: Any, index: int, tokens: InputSpec, context: Optional[InputSpec]) -> None:
+    def __init__(self, patch: Any, index: int, tokens: InputSpec, context: Optional[InputSpec],
+                 mask: InputSpec) -> None:
         super().__init__(patch, index)
-        self.tokens, self.context = tokens, context
+        self.tokens, self.context, self.mask = tokens, context, mask
 
     def pre(self, module: Any, args: tuple, kwargs: dict) -> Any:
         down = self.patch.current_merge(self.index, self.tokens.get(args, kwargs))
@@ -220,7 +222,7 @@ class DownsampleContext(SiteHook):
             return None  # keys/values already come from elsewhere (only_cross_attention): nothing to downsample
         if fused(module):
             raise ValueError(FUSED_QKV)
-        if kwargs.get("attention_mask") is not None:
+        if self.mask.get(args, kwargs) is not None:
             raise ValueError(MASKED_DOWNSAMPLE)
         x = self.tokens.get(args, kwargs)
         small = self._timed("downsample", down, x)
