@@ -26,8 +26,8 @@ def fill_flops(settings: Any, rows: List[Any]) -> None:
     from torch.utils.flop_counter import FlopCounterMode
 
     from .configs import ARCHS
-    from .kits import TorchKit
     from .runner import Config
+    from .torch_kit import TorchKit
 
     kit = TorchKit("meta", settings.dtype)
     with torch.device("meta"):

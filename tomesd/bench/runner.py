@@ -12,7 +12,8 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from .kits import make_kit, timed
+from .kit_base import timed
+from .kits import make_kit
 from .own_time import MachineryTimer, host_seconds, own_work
 from .tokens import counts, token_counter, tokens_per_level
 
