@@ -15,7 +15,8 @@ import sys
 import threading
 from typing import Any, Iterator, List, Optional, Tuple, Union
 
-from . import targets
+from .adapters import targets
+from .patch import apply_patch, resolve
 
 _TARGET = "ppdiffusers"
 _lock = threading.Lock()
@@ -36,8 +37,6 @@ def apply_tome(model_or_pipe: Any, *args: Any, config: Any = None, **kwargs: Any
     SD1/SD2, as ppdiffusers' default of 1). Without `seed`, the random dst pattern uses the fixed
     tome_core.DEFAULT_SEED (0): deterministic, the same as on torch.
     """
-    from ..patch import resolve
-
     if len(args) > len(POSITIONAL):
         raise TypeError(
             f"apply_tome() takes at most {len(POSITIONAL)} settings by position, ppdiffusers' "
@@ -55,8 +54,6 @@ def apply_tome(model_or_pipe: Any, *args: Any, config: Any = None, **kwargs: Any
 
 
 def _signature_of_apply_patch() -> inspect.Signature:
-    from ..patch import apply_patch
-
     params = list(inspect.signature(apply_patch).parameters.values())
     return inspect.Signature([inspect.Parameter("model_or_pipe", inspect.Parameter.POSITIONAL_OR_KEYWORD)] + params[1:])
 

@@ -17,6 +17,7 @@ import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 from .runtime import ToMePatch
+from .targets import PATCH_FINDERS, build_patches
 
 WRAPPER_KEY = "tomesd"
 APPLY_MODEL = "apply_model"  # comfy.patcher_extension.WrappersMP.APPLY_MODEL
@@ -42,8 +43,6 @@ class ComfyToMe:
 
     def prepare(self, net: Any) -> ToMePatch:
         """The patch for `net`, built (and checked) once: refusals come here, at the node, before sampling."""
-        from .targets import build_patches
-
         with self._lock:
             held = self._patches.get(id(net))
             if held is None or held[0] is not net:
@@ -116,3 +115,6 @@ def comfy_patches(obj: Any) -> List[ToMePatch]:
         if isinstance(wrapper, ComfyToMe):
             found.extend(wrapper.patches)
     return found
+
+
+PATCH_FINDERS.append(comfy_patches)

@@ -40,7 +40,7 @@ def keeps_outputs(module: Any) -> bool:
 
 def refuse_step_cache_inside(patch: Any, index: int, kind: Any) -> None:
     """A step cache stacks where ToMe's hooks sit in a block (they run inside the cache, so it keeps full
-    tokens: runtime._around, seat_span_cache) and on whole blocks. On a module deeper inside a merged
+    tokens: install.around, seat_span_cache) and on whole blocks. On a module deeper inside a merged
     region it would keep merged tokens in one step's order and replay them into another's."""
     block = patch.blocks[index]
     seats = {id(block)}

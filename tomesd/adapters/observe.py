@@ -1,6 +1,6 @@
-"""What a patch did, seen from outside: the public inspection seam.
+"""What a patch did, seen from outside: the records of the public inspection seam.
 
-`tomesd.observe(model)` records, for every call of a patched denoiser inside the `with` block, per block:
+`tomesd.observe(model)` (targets.observe, which finds the patches) records, for every call of a patched denoiser inside the `with` block, per block:
 the tokens in and out at each site that merged (or the keys and values downsampled), whether the block's
 matching was computed in that call or reused (from an earlier step, or from its level's first block), and
 the merge itself. With `timing=True` it also adds up the seconds spent in ToMe's own work (matching,
@@ -13,10 +13,9 @@ are per patch object and never copied with the model.
 """
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 # The kinds of ToMe's own work that `timing=True` adds up.
 WORK = ("match", "merge", "unmerge", "downsample")
@@ -79,29 +78,6 @@ class Observation:
     def clear(self) -> None:
         self.calls.clear()
         self.seconds = {work: 0.0 for work in WORK}
-
-@contextlib.contextmanager
-def observe(model: Any, timing: bool = False, sync: Optional[Callable[[], None]] = None) -> Iterator[Observation]:
-    """Record what every ToMe patch inside `model` (a pipeline or a model) does while the block runs.
-
-    timing: also add up the seconds in ToMe's own work per kind (`Observation.seconds`); `sync` is
-    called before and after each timed piece (pass `torch.cuda.synchronize` on a GPU).
-    Raises ValueError when `model` holds no ToMe patch (there would be nothing to observe)."""
-    from .targets import installed_patches
-
-    patches = installed_patches(model)
-    if not patches:
-        raise ValueError(f"{type(model).__name__} holds no ToMe patch: apply_patch first, then observe it")
-    observation = Observation(timing, sync)
-    for patch in patches:
-        patch.observers.append(observation)
-    try:
-        yield observation
-    finally:
-        for patch in patches:
-            if observation in patch.observers:
-                patch.observers.remove(observation)
-
 
 class CallWatch:
     """The observations one call reports to, and its record in each (made as the call begins)."""

@@ -12,21 +12,22 @@ copy's hooks; what a call computes lives in calls.py and is never copied.
 from __future__ import annotations
 
 import functools
-from typing import Any, List, Optional, Tuple
+import weakref
+from typing import Any, List, Optional
 
 from . import guards
 from .calls import Band, BlockMerge, CallStacks, CallState, Replay
-from .kinds import BlockKind, Span, block_kind, in_temporal_container, sublayer
+from .install import (
+    add_hook, install_downsample, install_merge, open_seam, remove_owned_hooks, rows_per_sample, seat_span_cache,
+)
+from .kinds import BlockKind, Span, block_kind, in_temporal_container
 from .layouts import layout_of
 from .matcher import Matcher
 from .observe import CallWatch
 from .references import with_tail
 from .roots import root_kind
-from .signatures import CONTEXT, LATENT, MASK, TIMESTEP, TOKENS, InputSpec
-from .sites import (
-    BlockEntry, DownsampleContext, DownsampleDispatch, DownsampleProjection, MergeSite, SpanEnd, SpanInterior,
-    SpanRotary, SpanStart,
-)
+from .signatures import LATENT, TIMESTEP, InputSpec
+from .sites import BlockEntry
 
 PATCH_ATTR = "_tome_patch"
 
@@ -55,27 +56,9 @@ class RootHooks:
             self.patch.seam.clear()  # an attention that raised left its arming
 
 
-def owned_by(target: Any, owner: Any) -> bool:
-    """Whether a hook object (or a link's owner) is `owner` or one of its hooks (its `patch`)."""
-    return target is not None and (target is owner or getattr(target, "patch", None) is owner)
-
-
-def _owner(hook: Any) -> Any:
-    return getattr(getattr(hook, "func", hook), "__self__", None)  # paddle's LayerHook keeps the method as func
-
-
-def remove_owned_hooks(host: Any, module: Any, owner: Any) -> None:
-    """Remove from `module` every hook that belongs to `owner`: a patch, or one hook object of it."""
-    remove_inner = getattr(host, "remove_inner_hooks", None)
-    if remove_inner is not None:
-        remove_inner(module, functools.partial(owned_by, owner=owner))
-    for table_name, flag_names in host.hook_tables:
-        table = getattr(module, table_name, None) or {}
-        for hook_id, hook in list(table.items()):
-            if owned_by(_owner(hook), owner):
-                del table[hook_id]
-                for flag_name in flag_names:
-                    getattr(module, flag_name, {}).pop(hook_id, None)
+# The patches whose hooks are on a model now (weakly: a dropped patched model leaves with its patch). The test
+# suite checks after every test that none is left (tests/conftest.py).
+HOOKED: "weakref.WeakSet[ToMePatch]" = weakref.WeakSet()
 
 
 class ToMePatch:
@@ -118,6 +101,8 @@ class ToMePatch:
         self.__dict__.update(state)
         self._init_runtime()
         self.matcher.reset()  # a copy keeps no matchings
+        if self._hooked:  # a copy of an installed patch: its model's copy holds the hooks
+            HOOKED.add(self)
         if self.seam is not None:
             self.seam.open(self)  # the copy's hooks use the process's seam as well
 
@@ -130,147 +115,34 @@ class ToMePatch:
         stays does. A host that installs for one call only (ComfyUI: comfy.py) leaves the root unmarked.
         `detach` undoes the hooks."""
         host, root_hooks = self.host, RootHooks(self)
-        self.per_sample, rotates_at_dispatch = self._rows_per_sample()
+        HOOKED.add(self)
+        self.per_sample, rotates_at_dispatch = rows_per_sample(self)
         if rotates_at_dispatch:
-            self._open_seam()
-        self._hook(self.root, host.add_pre_hook, root_hooks.pre)
-        self._hook(self.root, functools.partial(host.add_post_hook, always_call=True), root_hooks.post)
+            open_seam(self)
+        add_hook(self, self.root, host.add_pre_hook, root_hooks.pre)
+        add_hook(self, self.root, functools.partial(host.add_post_hook, always_call=True), root_hooks.post)
         for index, (block, kind) in enumerate(zip(self.blocks, self.kinds)):
             tokens = (InputSpec(kind.tokens[0], kind.token_position) if kind.token_position is not None
                       else InputSpec.find(block, kind.tokens, first_positional=True))
             entry_hook = BlockEntry(self, index, tokens)
-            self._hook(block, host.add_pre_hook, entry_hook.pre)
+            add_hook(self, block, host.add_pre_hook, entry_hook.pre)
             if self.args.mode == "downsample":
-                self._install_downsample(index, block, kind)
+                install_downsample(self, index, block, kind)
             else:
-                self._install_merge(index, block, kind)
+                install_merge(self, index, block, kind)
         if mark:
             setattr(self.root, PATCH_ATTR, self)
 
-    def _install_downsample(self, index: int, block: Any, kind: BlockKind) -> None:
-        host = self.host
-        for way in kind.downsample:
-            attn = getattr(block, way.attention, None)
-            if attn is None:
-                continue
-            if way.via == "context":
-                hook = DownsampleContext(self, index, InputSpec.find(attn, TOKENS, first_positional=True),
-                                         InputSpec.find(attn, CONTEXT, first_positional=False), _mask_spec(attn))
-                self._hook(attn, host.add_pre_hook, hook.pre)
-            elif way.via == "dispatch":
-                self._open_seam()
-                hook = DownsampleDispatch(self, index, way.attention, InputSpec.find(attn, TOKENS, first_positional=True))
-                self._around(attn, hook.pre, hook.post)
-            else:
-                for projection in guards.KV_PROJECTIONS:
-                    hook = DownsampleProjection(self, index, attn, projection)
-                    self._hook(getattr(attn, projection), host.add_pre_hook, hook.pre)
-
-    def _open_seam(self) -> None:
-        if self.seam is None:
-            self.seam = self.host.attention_seam()
-            self.seam.open(self)
-
-    def _rows_per_sample(self) -> Tuple[bool, bool]:
-        """(whether every merged block's rotary rows can follow a matching per sample, whether some of them
-        are applied at the attention dispatch for it): rows with a batch axis follow as they are; rows with
-        none, where the processor dispatches and the kind says how it rotates (kinds.ROTATIONS). Else the
-        coordinate layouts match once for the batch."""
-        if self.args.mode != "merge":
-            return False, False
-        dispatches = getattr(self.host, "dispatches", None)
-        at_dispatch = False
-        for block, kind in zip(self.blocks, self.kinds):
-            sites = [(getattr(block, layer.name, None), layer) for layer in kind.sublayers if layer.rotary is not None]
-            sites += [(sublayer(block, span.rotary_at), span) for span in kind.spans if span.rotary_at is not None]
-            for module, site in sites:
-                if module is None or site.rotary_axis > 0:
-                    continue
-                if not site.rotates or dispatches is None or not dispatches(getattr(module, "processor", None)):
-                    return False, False
-                at_dispatch = True
-        return True, at_dispatch
-
-    def _install_merge(self, index: int, block: Any, kind: BlockKind) -> None:
-        host = self.host
-        for layer in kind.sublayers:
-            sub = getattr(block, layer.name, None)
-            if sub is None or not getattr(self.args, layer.flag):
-                continue
-            rotary = None
-            if layer.rotary is not None:  # by keyword, or where the signature puts it (Wan passes it by position)
-                rotary = InputSpec.find(sub, (layer.rotary,), first_positional=False) or InputSpec(layer.rotary, None)
-            hook = MergeSite(self, index, layer, InputSpec.find(sub, layer.tokens, first_positional=True), rotary,
-                             mask=_mask_spec(sub) if layer.name == kind.self_attention else None)
-            self._around(sub, hook.pre, hook.post)
-        for span in kind.spans:
-            start = sublayer(block, span.start)
-            ends = [end for end in (sublayer(block, path) for path in span.ends) if end is not None]
-            if start is None or not ends or not getattr(self.args, span.flag):
-                continue
-            # The start merges outside its forward chain, the ends unmerge inside theirs: a cache on either
-            # keeps full tokens.
-            self._hook(start, host.add_post_hook, SpanStart(self, index, span).post)
-            for end in ends:
-                self._around(end, None, SpanEnd(self, index, span).post)
-            inner = sublayer(block, span.rotary_at) if span.rotary_at is not None else None
-            if inner is not None:
-                spec = InputSpec.find(inner, (span.rotary,), first_positional=False) or InputSpec(span.rotary, None)
-                rotary = SpanRotary(self, index, span, spec)
-                if inner is block:  # after the block's entry hook
-                    self._hook(inner, host.add_pre_hook, rotary.pre)
-                else:  # around the attention's own forward, where an arming of the dispatch belongs
-                    self._around(inner, rotary.pre, rotary.post)
-            self.seat_span_cache(index, span)
-
     def seat_span_cache(self, index: int, span: Span) -> None:
-        """A step cache on the attention inside a span (diffusers' caches hook Flux's single-block `attn`)
-        would see merged tokens: its output unmerges inside the cache and merges again outside it, so the cache
-        keeps and replays full tokens. Seated while a cache is there (checked at install and by the span's
-        start at each call): without one the pair would cost two gathers, and round-off, for nothing."""
-        attention = sublayer(self.blocks[index], span.attention)
-        if attention is None or attention is self.blocks[index]:
-            return
-        owners = getattr(self.host, "inner_hook_owners", None)
-        if owners is None:  # a host with no forward chains to seat in (paddle): no diffusers caches either
-            return
-        seated = [o for o in owners(attention) if isinstance(o, SpanInterior) and o.patch is self]
-        if guards.keeps_outputs(attention) == bool(seated):
-            return
-        if seated:  # the cache was removed
-            remove_owned_hooks(self.host, attention, seated[0])
-            return
-        interior = SpanInterior(self, index, span)
-        self.host.add_inner_hooks(attention, None, interior.unmerge, interior)
-        self._hook(attention, self.host.add_post_hook, interior.merge)
-
-    def _around(self, module: Any, pre: Any, post: Any) -> None:
-        """`pre` and `post` around `module`'s own forward: innermost in its forward chain where the host
-        can seat them there (torch: inside diffusers' and accelerate's wrappers), else as forward hooks."""
-        inner = getattr(self.host, "add_inner_hooks", None)
-        if inner is not None:
-            inner(module, pre, post, self)
-            self._track(module)
-            return
-        if pre is not None:
-            self._hook(module, self.host.add_pre_hook, pre)
-        if post is not None:
-            self._hook(module, self.host.add_post_hook, post)
-
-    def _hook(self, module: Any, register: Any, hook: Any) -> None:
-        register(module, hook)
-        self._track(module)
-
-    def _track(self, module: Any) -> None:
-        """`module` holds hooks of this patch (detach visits it)."""
-        if not any(m is module for m in self._hooked):
-            self._hooked.append(module)
+        """install.seat_span_cache, as a span's start asks for it at each call (a cache added after the patch)."""
+        seat_span_cache(self, index, span)
 
     def detach(self) -> None:
         """Take this patch's hooks off (what it keeps across calls stays)."""
         for module in self._hooked:
             remove_owned_hooks(self.host, module, self)
         self._hooked.clear()
+        HOOKED.discard(self)
         if self.seam is not None:
             self.seam.close(self)
             self.seam = None
@@ -374,7 +246,3 @@ class ToMePatch:
         if merge is not None and grad and not self.host.is_compiling():
             self.replay.keep(index, merge)
 
-
-def _mask_spec(attention: Any) -> InputSpec:
-    """Where an attention's mask arrives: a host passing it by position is seen as one passing it by name."""
-    return InputSpec.find(attention, MASK, first_positional=False) or InputSpec(MASK[0], None)

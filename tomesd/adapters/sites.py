@@ -4,16 +4,13 @@ block's first hooked sub-layer) and does no other state keeping.
 
 Merge mode: pre-hooks on the sub-layers a block kind lists merge their image tokens (and gather rotary
 rows), post-hooks unmerge their image output; spans merge at one sub-layer's output and unmerge at
-another's. Downsample mode hooks self-attention only: on attn1 (UNets, PixArt, DiT) its pre-hook passes the
-downsampled tokens as the attention's own context argument, so the host's attention module and processor
-compute keys and values from them; on SD3's joint attention the image key and value projections take the
-downsampled tokens. Queries stay full.
+another's. Downsample mode's hooks are in downsample_sites.py.
 """
 from __future__ import annotations
 
 from typing import Any, Optional, Tuple
 
-from .guards import FUSED_QKV, MASKED_DOWNSAMPLE, MASKED_SELF_ATTENTION, fused
+from .guards import MASKED_SELF_ATTENTION
 from .kinds import Span, Sublayer
 from .signatures import InputSpec
 
@@ -204,115 +201,3 @@ class SpanRotary(_SpanHook):
     def post(self, module: Any, args: tuple, output: Any) -> None:
         if self.span.rotates:
             check_rotated(self, module)
-
-
-class DownsampleContext(SiteHook):
-    """Self-attention given the downsampled tokens as its context argument (keys and values)."""
-
-    def __init__(self, patch: Any, index: int, tokens: InputSpec, context: Optional[InputSpec],
-                 mask: InputSpec) -> None:
-        super().__init__(patch, index)
-        self.tokens, self.context, self.mask = tokens, context, mask
-
-    def pre(self, module: Any, args: tuple, kwargs: dict) -> Any:
-        down = self.patch.current_merge(self.index, self.tokens.get(args, kwargs))
-        if down is None:
-            return None
-        if self.context is None or self.context.get(args, kwargs) is not None:
-            return None  # keys/values already come from elsewhere (only_cross_attention): nothing to downsample
-        if fused(module):
-            raise ValueError(FUSED_QKV)
-        if self.mask.get(args, kwargs) is not None:
-            raise ValueError(MASKED_DOWNSAMPLE)
-        x = self.tokens.get(args, kwargs)
-        small = self._timed("downsample", down, x)
-        self._record("downsample", x, small)
-        return self.context.replace(args, kwargs, small)
-
-
-class DownsampleProjection(SiteHook):
-    """A key or value projection of image tokens: it projects the downsampled grid instead."""
-
-    def __init__(self, patch: Any, index: int, attention: Any, name: str) -> None:
-        super().__init__(patch, index)
-        self.attention, self.name = attention, name
-
-    def pre(self, module: Any, args: tuple, kwargs: dict) -> Any:
-        down = self.patch.current_merge(self.index, args[0] if args else kwargs.get("input"))
-        if down is None:
-            return None
-        if getattr(self.attention, self.name) is not module:
-            # Wrapped after apply_patch (a LoRA adapter: the wrapper feeds this layer and its own
-            # branch the same input, and only this one would shrink).
-            raise ValueError(
-                f"{type(self.attention).__name__}.{self.name} was replaced after apply_patch (by a LoRA adapter or "
-                f"another wrapper), so mode='downsample' can no longer shrink its input alone. Call apply_patch "
-                f"again after loading adapters."
-            )
-        x = args[0] if args else kwargs["input"]
-        # to_k and to_v project the same tensor: downsample it once. One slot per call, overwritten by
-        # the next attention, so no block's input outlives its attention.
-        call = self.patch.calls.top()
-        last = call.shared.get("projected") if call is not None else None
-        if last is not None and last[0] is x:
-            small = last[1]
-        else:
-            small = self._timed("downsample", down, x)
-            if call is not None:
-                call.shared["projected"] = (x, small)
-            self._record("downsample", x, small)  # once per attention: to_v reuses to_k's
-        return ((small,) + args[1:], kwargs) if args else (args, {**kwargs, "input": small})
-
-
-class DownsampleDispatch(SiteHook):
-    """Self-attention whose processor rotates keys itself (Flux, Wan): seated innermost around the attention
-    module, it arms the host's attention dispatch (`patch.seam`, backends/torch_dispatch.py) so the
-    processor's one attention call gets its rotated keys and values with the image rows downsampled."""
-
-    def __init__(self, patch: Any, index: int, attention: str, tokens: InputSpec) -> None:
-        super().__init__(patch, index)
-        self.attention, self.tokens = attention, tokens
-
-    def pre(self, module: Any, args: tuple, kwargs: dict) -> None:
-        down = self.patch.current_merge(self.index, self.tokens.get(args, kwargs))
-        if down is not None:
-            self.patch.seam.arm(lambda backend_kwargs: self._shrink(down, backend_kwargs))
-
-    def post(self, module: Any, args: tuple, output: Any) -> None:
-        if not self.patch.seam.disarm():
-            raise RuntimeError(
-                f"mode='downsample' found no attention call of diffusers' dispatch inside "
-                f"{type(module).__name__} (processor {type(getattr(module, 'processor', None)).__name__}), so "
-                f"its keys were not downsampled; use mode='merge' or diffusers' own processor"
-            )
-
-    def _shrink(self, down: Any, kwargs: dict) -> dict:
-        """The backend's keyword arguments with the image rows (the last N) of keys and values downsampled."""
-        name = f"{self.patch.kind_names[self.index]}.{self.attention}"
-        if kwargs.get("attn_mask") is not None:
-            raise ValueError(f"{MASKED_DOWNSAMPLE} ({name}); use mode='merge'")
-        if kwargs.get("_parallel_config") is not None:
-            raise ValueError(
-                f"mode='downsample' does not run under diffusers' context parallelism ({name}): each rank holds "
-                f"part of the keys; run the model on one process or without ToMe there")
-        key, value = kwargs["key"], kwargs["value"]
-        n, shape = down.num_tokens, self.patch.xp.shape
-        if shape(key)[1] < n or shape(value)[1] != shape(key)[1]:
-            raise ValueError(
-                f"mode='downsample' expected {name}'s keys and values to end with the {n} image tokens "
-                f"[B, S, heads, dim], got {list(shape(key))} and {list(shape(value))}; use mode='merge'")
-        small_key = self._timed("downsample", _shrink_tail, self.patch.xp, down, key, n)
-        text = shape(key)[1] - n
-        self._record("downsample", key[:, text:], small_key[:, text:])
-        if self.patch.seam.observers and not self.patch.host.is_compiling():
-            for observe in self.patch.seam.observers:
-                observe(n, down.num_kept)
-        return {**kwargs, "key": small_key, "value": self._timed("downsample", _shrink_tail, self.patch.xp, down, value, n)}
-
-
-def _shrink_tail(xp: Any, down: Any, x: Any, n: int) -> Any:
-    """[B, S, heads, dim] rows whose last n are the image's: those downsampled, the others (text) kept."""
-    b, s, heads, dim = xp.shape(x)
-    image = down(xp.reshape(x[:, s - n:], [b, n, heads * dim]))
-    image = xp.reshape(image, [b, down.num_kept, heads, dim])
-    return image if s == n else xp.concat([x[:, :s - n], image], 1)

@@ -5,12 +5,14 @@ original LDM / Stable Diffusion code without importing any of them.
 """
 from __future__ import annotations
 
-from typing import Any, List, Tuple
+import contextlib
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 from .clock import StepClock, clockable
 from .references import ReferenceSplit, joins_references
 from .frameworks import array_ops, class_names, framework_of, host_ops
 from .kinds import KNOWN_BLOCKS
+from .observe import Observation
 from .roots import SUPPORTED, refusal, root_kind
 from .runtime import PATCH_ATTR, ToMePatch, transformer_blocks
 
@@ -111,13 +113,18 @@ def build_patches(obj: Any, args: Any) -> List[ToMePatch]:
     return patches
 
 
-def installed_patches(obj: Any) -> List[ToMePatch]:
-    """Every patch installed anywhere inside `obj` (or held by a ComfyUI MODEL's ToMe node)."""
-    from .comfy import comfy_patches
+# Hosts that keep their patches outside the model's modules register a finder of them here, when their adapter
+# is imported (comfy.py: a ComfyUI MODEL's ToMe node holds them; no such patch exists before it is imported).
+PATCH_FINDERS: List[Callable[[Any], List[ToMePatch]]] = []
 
-    found = comfy_patches(obj)
-    if found:
-        return found
+
+def installed_patches(obj: Any) -> List[ToMePatch]:
+    """Every patch installed anywhere inside `obj` (or held by a host's own object, PATCH_FINDERS)."""
+    for finder in PATCH_FINDERS:
+        found = finder(obj)
+        if found:
+            return found
+    found = []
     for model in candidate_models(obj):
         host = host_ops(framework_of(model))
         for _, module in host.named_modules(model):
@@ -172,3 +179,24 @@ def remove(obj: Any) -> Tuple[Any, List[Any]]:
         patch.remove()
     _after_change(obj, [patch.root for patch in patches])
     return obj, [patch.root for patch in patches]
+
+
+@contextlib.contextmanager
+def observe(model: Any, timing: bool = False, sync: Optional[Callable[[], None]] = None) -> Iterator[Observation]:
+    """Record what every ToMe patch inside `model` (a pipeline or a model) does while the block runs.
+
+    timing: also add up the seconds in ToMe's own work per kind (`Observation.seconds`); `sync` is
+    called before and after each timed piece (pass `torch.cuda.synchronize` on a GPU).
+    Raises ValueError when `model` holds no ToMe patch (there would be nothing to observe)."""
+    patches = installed_patches(model)
+    if not patches:
+        raise ValueError(f"{type(model).__name__} holds no ToMe patch: apply_patch first, then observe it")
+    observation = Observation(timing, sync)
+    for patch in patches:
+        patch.observers.append(observation)
+    try:
+        yield observation
+    finally:
+        for patch in patches:
+            if observation in patch.observers:
+                patch.observers.remove(observation)

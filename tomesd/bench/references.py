@@ -3,7 +3,7 @@
 tomesd 0.1.3 is installed by `make` into .refs/tomesd-0.1.3 (pip --target; it is also called
 `tomesd`) and loaded from there as the package `tomesd_ref`; the .refs folder is looked up in
 $TOME_REFS_DIR, then ./.refs, then the source checkout. ppdiffusers' built-in ToMe is its own
-module, run through `tomesd.adapters.ppdiffusers.builtin_methods`.
+module, run through `tomesd.apply_tome.builtin_methods`.
 """
 from __future__ import annotations
 
