@@ -22,8 +22,9 @@ def _model_and_inputs(name):
 
 
 @pytest.mark.parametrize("name", BANDED)
-def test_one_band_is_todays_merge(name):
+def test_one_band_is_todays_merge(name, unpatch):
     family, model, inputs = _model_and_inputs(name)
+    unpatch(model)
     tomesd.apply_patch(model, ratio=0.5)
     today = family.run(model, inputs)
     tomesd.remove_patch(model)
@@ -32,8 +33,9 @@ def test_one_band_is_todays_merge(name):
 
 
 @pytest.mark.parametrize("name", BANDED)
-def test_each_band_merges_its_share_and_the_bands_differ_from_one_matching(name):
+def test_each_band_merges_its_share_and_the_bands_differ_from_one_matching(name, unpatch):
     family, model, inputs = _model_and_inputs(name)
+    unpatch(model)
     tomesd.apply_patch(model, ratio=0.5)
     whole = family.run(model, inputs)
     tomesd.remove_patch(model)
@@ -47,20 +49,22 @@ def test_each_band_merges_its_share_and_the_bands_differ_from_one_matching(name)
 
 
 @pytest.mark.parametrize("name", BANDED)
-def test_bands_read_no_tensor_value_on_the_host(name):
+def test_bands_read_no_tensor_value_on_the_host(name, unpatch):
     family, model, inputs = _model_and_inputs(name)
     with torch.device("meta"):
         twin = type(model)(**model.config).eval()
     meta = {k: (v.to("meta") if torch.is_tensor(v) else v) for k, v in inputs.items()}
     tomesd.apply_patch(twin, ratio=0.5, bands=2)
+    unpatch(twin)
     with tomesd.observe(twin) as seen:
         out = family.run(twin, meta)
     assert out.device.type == "meta" and seen.calls[0].merged_blocks("attn")
 
 
-def test_bands_trace_as_one_graph():
+def test_bands_trace_as_one_graph(unpatch):
     torch._dynamo.reset()
     family, model, inputs = _model_and_inputs("flux")
+    unpatch(model)
     tomesd.apply_patch(model, ratio=0.5, bands=2)
     explained = torch._dynamo.explain(lambda: family.run(model, inputs))()
     torch._dynamo.reset()
@@ -96,7 +100,7 @@ def test_a_patch_grid_that_does_not_split_in_whole_rows_is_refused_at_the_call()
     pytest.param(name, embedder, marks=pytest.mark.skipif(bool(missing_host(FAMILIES[name])),
                                                           reason=missing_host(FAMILIES[name])))
     for name, embedder in (("sd3", "pos_embed"), ("flux", "x_embedder"), ("wan", "patch_embedding"))])
-def test_a_block_holding_a_share_of_the_tokens_is_refused_not_left_alone(name, embedder):
+def test_a_block_holding_a_share_of_the_tokens_is_refused_not_left_alone(name, embedder, unpatch):
     """A sequence split by something ToMe does not read (here: a hook keeping the first half of the embedded
     tokens, as an engine's split would) is refused at the first block, where SD3 used to leave every block
     alone silently."""
@@ -109,6 +113,7 @@ def test_a_block_holding_a_share_of_the_tokens_is_refused_not_left_alone(name, e
 
     getattr(model, embedder).register_forward_hook(first_half)
     tomesd.apply_patch(model, ratio=0.5)
+    unpatch(model)
     with pytest.raises(ValueError, match=f"a block of {type(model).__name__} holds .* image tokens: the sequence "
                                          f"was split"):
         family.run(model, inputs)

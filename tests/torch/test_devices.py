@@ -54,13 +54,15 @@ def offload(model, how, tmp_path):
 @pytest.mark.parametrize("how", ["group-block", "group-leaf", "group-disk", "sequential", "dispatch-disk"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("patch_first", [False, True], ids=["offload-then-patch", "patch-then-offload"])
-def test_offloaded_patched_model_equals_the_patched_model(kind, how, patch_first, tmp_path):
+def test_offloaded_patched_model_equals_the_patched_model(kind, how, patch_first, tmp_path, unpatch):
     base = run(kind, build(kind))
     kept = build(kind)
     tomesd.apply_patch(kept, ratio=0.5)
+    unpatch(kept)
     expected = run(kind, kept)
     assert (expected - base).abs().max().item() > 1e-2  # the patch acts
     model = build(kind)
+    unpatch(model)
     if patch_first:
         tomesd.apply_patch(model, ratio=0.5)
     offload(model, how, tmp_path)
@@ -82,17 +84,19 @@ def split(model, device, first):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_model_split_over_devices_merges_each_block_on_its_tokens_device(kind):
+def test_a_model_split_over_devices_merges_each_block_on_its_tokens_device(kind, unpatch):
     """The second device is `meta` (no values, so no second real device is needed): before the fix the
     merge of the first block on it was built from the input recorded on the first device (index_add: self
     meta, index cpu). The same split with every block on CPU, through the same hooks, equals the unsplit
     patched model."""
     unsplit = build(kind)
     tomesd.apply_patch(unsplit, ratio=0.5)
+    unpatch(unsplit)
     expected = run(kind, unsplit)
 
     model = split(build(kind), "meta", first=1)
     tomesd.apply_patch(model, ratio=0.5)
+    unpatch(model)
     with tomesd.observe(model) as seen:
         out = run(kind, model)
     assert out.device.type == "meta"
@@ -100,4 +104,5 @@ def test_a_model_split_over_devices_merges_each_block_on_its_tokens_device(kind)
 
     model = split(build(kind), "cpu", first=1)
     tomesd.apply_patch(model, ratio=0.5)
+    unpatch(model)
     assert torch.equal(run(kind, model), expected)

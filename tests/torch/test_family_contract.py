@@ -144,6 +144,70 @@ def test_a_forward_reads_no_tensor_value_on_the_host(family):
     assert patched == plain, f"{family.name}: {patched - plain} host reads added per forward"
 
 
+HOST_READ = "aten._local_scalar_dense.default"  # what .item(), float(t), bool(t) and .tolist() run
+
+
+def _calls_reading(family, model, inputs, calls=3):
+    """Host reads of `calls` forwards on one input, and what tomesd.observe saw of them (when patched)."""
+    with OpCounter() as counter:
+        for _ in range(calls):
+            family.run(model, inputs)
+    return counter.ops[HOST_READ]
+
+
+def test_reuse_steps_on_a_bare_model_reads_the_timestep_once_a_call_and_nothing_more(family):
+    """A bare model tells a new denoising step by its timestep's value: one host read per call, by design, and
+    no other. Three calls of one step: the first matches, the other two reuse its matchings."""
+    family, model = family
+    inputs = family.inputs(model)
+    plain = _calls_reading(family, model, inputs)
+    tomesd.apply_patch(model, **patch_kwargs(family, reuse_steps=2))
+    try:
+        with tomesd.observe(model) as seen:
+            patched = _calls_reading(family, model, inputs)
+    finally:
+        tomesd.remove_patch(model)
+    assert [call.reused > 0 for call in seen.calls] == [False, True, True] and seen.calls[1].merged_blocks("attn")
+    assert patched == plain + 3, f"{family.name}: {patched - plain - 3} host reads beyond the timestep's"
+
+
+class DiffusionPipeline:
+    """Stands for diffusers' base class: the runtime recognises pipelines by class name."""
+
+
+class LoopPipeline(DiffusionPipeline):
+    """A pipeline's loop as the step clock follows it: set_timesteps once a run, step after each step's call."""
+
+    def __init__(self, model):
+        self.denoiser = model
+        self.scheduler = type("Scheduler", (), {"set_timesteps": lambda self, n: None, "step": lambda self: None})()
+
+    @property
+    def components(self):
+        return {"denoiser": self.denoiser, "scheduler": self.scheduler}
+
+
+def test_reuse_steps_through_a_pipelines_clock_reads_nothing_on_the_host(family):
+    """Patched through a pipeline, the loop's clock counts the steps on the host: a forward reads no tensor
+    value, matching or reusing (four steps, windows of two)."""
+    family, model = family
+    inputs = family.inputs(model)
+    plain = _calls_reading(family, model, inputs, calls=1)
+    pipe = LoopPipeline(model)
+    tomesd.apply_patch(pipe, **patch_kwargs(family, reuse_steps=2))
+    reads = []
+    try:
+        with tomesd.observe(model) as seen:
+            pipe.scheduler.set_timesteps(4)
+            for _ in range(4):
+                reads.append(_calls_reading(family, model, inputs, calls=1))
+                pipe.scheduler.step()
+    finally:
+        tomesd.remove_patch(pipe)
+    assert [call.reused > 0 for call in seen.calls] == [False, True, False, True]
+    assert reads == [plain] * 4, f"{family.name}: host reads per step {reads}, the unpatched forward's {plain}"
+
+
 def test_a_forward_on_the_meta_device_merges_without_reading_values(family):
     family, model = family
     with torch.device("meta"):
@@ -151,8 +215,11 @@ def test_a_forward_on_the_meta_device_merges_without_reading_values(family):
     inputs = {k: (v.to("meta") if torch.is_tensor(v) else tuple(t.to("meta") for t in v) if isinstance(v, tuple) else v)
               for k, v in family.inputs(model).items()}
     tomesd.apply_patch(twin, **patch_kwargs(family))
-    with tomesd.observe(twin) as seen:
-        out = family.run(twin, inputs)
+    try:
+        with tomesd.observe(twin) as seen:
+            out = family.run(twin, inputs)
+    finally:
+        tomesd.remove_patch(twin)
     assert out.device.type == "meta"
     call = seen.calls[0]
     assert call.merged_blocks("attn") == FAMILY_MERGED_BLOCKS[family.name]

@@ -14,8 +14,20 @@ PAIRS = [(kind, name) for kind in ("sd3", "flux", "pixart", "wan") for name in S
          if (kind, name) not in S.FAILS_IN_DIFFUSERS]
 
 
+_PATCHED = []  # the nets fresh() patched in this test: unpatched as it ends (tests/conftest.py checks)
+
+
+@pytest.fixture(autouse=True)
+def _unpatch_fresh_nets():
+    yield
+    while _PATCHED:
+        tomesd.remove_patch(_PATCHED.pop())
+
+
 def fresh(kind, cache=None, patch=False, patch_first=False):
     net = S.model(kind)
+    if patch:
+        _PATCHED.append(net)
     if patch and patch_first:
         tomesd.apply_patch(net, ratio=0.5)
     if cache:

@@ -136,7 +136,7 @@ def flux_queries(model, inputs):
     return out, seen
 
 
-def test_first_block_cache_stacks_with_the_patch_on_flux():
+def test_first_block_cache_stacks_with_the_patch_on_flux(unpatch):
     """diffusers' First Block Cache and ToMe on one Flux model: cached calls run only the first block,
     which merges, and match nothing for the blocks they skip; the pair is deterministic; removing either
     leaves the other working as it does alone."""
@@ -150,6 +150,7 @@ def test_first_block_cache_stacks_with_the_patch_on_flux():
             model.enable_cache(FirstBlockCacheConfig(threshold=0.05))
         if patch:
             tomesd.apply_patch(model, ratio=0.5)
+            unpatch(model)
         return model
 
     def loop(model):
