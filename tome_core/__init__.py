@@ -5,17 +5,17 @@ reproduces. Tensors reach their framework through the backend registered for it 
 """
 from .backend import Backend, backend_for_name, get_backend, register_backend, registered_backends
 from . import rng
+from .token_merge import MERGE_MODES, TokenMerge
 from .matching import (
-    MERGE_MODES, Matching, TokenMerge, bipartite_soft_matching_random2d, compute_coordinate_merges, compute_merge,
+    Matching, bipartite_soft_matching_random2d, compute_coordinate_merges, compute_merge,
     compute_merges, compute_shared_merge, compute_shared_merges, coordinate_partition, do_nothing, grid_partition,
     num_cells,
 )
 from .bands import band_coordinate_merges, band_range, banded_coordinate_merges, banded_grid_merges, join_bands
 from .downsample import KVDownsample, compute_downsample
 from .rng import DEFAULT_SEED
-from .schedule import (
-    DOWNSAMPLE_METHODS, MODES, SITES, BlockPlan, ToMeArgs, block_grid, level_of, plan_grid_block, plan_level_block,
-)
+from .plan import BlockPlan, block_grid, level_of, plan_grid_block, plan_level_block
+from .schedule import DOWNSAMPLE_METHODS, MODES, SITES, ToMeArgs
 
 __all__ = [
     "Backend",

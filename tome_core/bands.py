@@ -18,7 +18,8 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .backend import Backend
-from .matching import TokenMerge, compute_coordinate_merges, compute_merges
+from .matching import compute_coordinate_merges, compute_merges
+from .token_merge import TokenMerge
 
 
 def band_range(num_tokens: int, bands: int, index: int) -> Tuple[int, int]:

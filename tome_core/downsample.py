@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from .backend import Backend
-from .matching import TokenMerge
+from .token_merge import TokenMerge
 
 
 class KVDownsample:

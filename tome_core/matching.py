@@ -1,9 +1,6 @@
-"""Bipartite soft matching over a token grid (2-D, or any rank given coordinates), and the merge/unmerge it induces.
-
-A computed merge is one index map: token t of the input goes to row `rows[b, t]` of the merged
-sequence. Merging is a scatter-add over that map times the inverse row counts (a mean);
-unmerging is one gather. The merged layout is ToMe for SD's: unmerged src tokens in descending
-similarity order, then every dst token in grid order.
+"""Bipartite soft matching over a token grid (2-D, or any rank given coordinates): which tokens merge into
+which, returned as a TokenMerge (token_merge.py). The merged layout is ToMe for SD's: unmerged src tokens in
+descending similarity order, then every dst token in grid order.
 """
 from __future__ import annotations
 
@@ -11,9 +8,8 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from . import rng
 from .backend import Backend, get_backend
+from .token_merge import TokenMerge
 
-# ToMe for SD's merge passes `mode` to scatter_reduce; every reduction it accepts is served here.
-MERGE_MODES = ("mean", "sum", "amax", "amin", "prod")
 
 
 def do_nothing(x: Any, mode: Optional[str] = None) -> Any:
@@ -48,151 +44,6 @@ def grid_partition(
     order = xp.argsort(xp.reshape(is_dst, [n]), 0, False)  # stable: src then dst, each ascending
     position = xp.argsort(order, 0, False)  # the inverse permutation
     return order, position
-
-
-class TokenMerge:
-    """A computed merge: `merge` maps [B, N, C] to [B, N - r, C], `unmerge` maps back.
-
-    Holds only tensors and ints, so it lives as long as the call (or the recompute) using it.
-    """
-
-    def __init__(self, xp: Backend, flat_rows: Any, inv_counts: Any, batch: int, n: int, m: int,
-                 rows: Any = None, representatives: Any = None):
-        self._xp = xp
-        self._flat_rows = flat_rows  # [B*N] row of the flattened merged tensor for each token
-        self._inv_counts = inv_counts  # [B, M, 1] float32, 1 / tokens in each merged row
-        self.batch, self.num_tokens, self.num_merged = batch, n, m
-        self._rows = rows  # [N] merged row of each token, when one map serves the whole batch
-        # For each merged row, the token that stands for it (see compute_coordinate_merges): [M] when one map
-        # serves the batch, [B, M] when each sample has its own.
-        self.representatives = representatives
-
-    def _check(self, x: Any, expected: int, what: str) -> Tuple[int, int, int]:
-        b, n, c = self._xp.shape(x)
-        if b != self.batch or n != expected:
-            raise ValueError(
-                f"{what} expects [{self.batch}, {expected}, C] tokens, got {list(self._xp.shape(x))}"
-            )
-        return b, n, c
-
-    def merge(self, x: Any, mode: str = "mean") -> Any:
-        """Each merged row reduces its tokens (a dst and the src merged into it) with `mode`."""
-        xp = self._xp
-        if mode not in MERGE_MODES:
-            raise ValueError(f"merge mode must be one of {MERGE_MODES}, got {mode!r}")
-        b, n, c = self._check(x, self.num_tokens, "merge")
-        flat = xp.reshape(x, [b * n, c])
-        target = xp.zeros([b * self.num_merged, c], x)
-        if mode in ("mean", "sum"):
-            out = xp.reshape(xp.scatter_add(target, self._flat_rows, flat), [b, self.num_merged, c])
-            return out if mode == "sum" else out * xp.astype_like(self._inv_counts, x)
-        return xp.reshape(xp.scatter_reduce(target, self._flat_rows, flat, mode), [b, self.num_merged, c])
-
-    def unmerge(self, x: Any) -> Any:
-        xp = self._xp
-        b, m, c = self._check(x, self.num_merged, "unmerge")
-        return xp.reshape(xp.take(xp.reshape(x, [b * m, c]), self._flat_rows, 0), [b, self.num_tokens, c])
-
-    # A sequence [B, S, C] whose last N tokens are the image (text in front, as in Flux's single blocks):
-    # the image segment merges and unmerges, the tokens in front pass as they are.
-    def merge_tail(self, x: Any) -> Any:
-        s = self._xp.shape(x)[1]
-        if s == self.num_tokens:
-            return self.merge(x)
-        return self._xp.concat([x[:, : s - self.num_tokens], self.merge(x[:, s - self.num_tokens:])], 1)
-
-    def unmerge_tail(self, x: Any) -> Any:
-        s = self._xp.shape(x)[1]
-        if s == self.num_merged:
-            return self.unmerge(x)
-        return self._xp.concat([x[:, : s - self.num_merged], self.unmerge(x[:, s - self.num_merged:])], 1)
-
-    def gather_rows(self, table: Any, axis: int = 0) -> Any:
-        """Rows of a per-token table (rotary positions) along `axis`, whose last N rows are the image's and
-        any rows before them the text's (Flux: [text + image, D]; Wan: [1, image, 1, D] with axis=1; ComfyUI's
-        Flux: [B, 1, text + image, ...] with axis=2): text rows stay, the image rows become one row per merged
-        token, its representative's. One index, one gather.
-
-        With a representative per sample ([B, M]) the rows differ by sample: a table with axes before `axis`
-        (its first of size 1 or B, any others of size 1) gives [B, ..., S', ...]; a table whose rows come
-        first ([S, D]) gains a batch axis in front, [B, S', D]."""
-        xp = self._xp
-        s = xp.shape(table)[axis]
-        if s < self.num_tokens:
-            raise ValueError(f"a table with rows along axis {axis} must hold the image's {self.num_tokens} rows "
-                             f"(after any text rows), got {s}")
-        head = s - self.num_tokens
-        if len(xp.shape(self.representatives)) == 1:
-            if head == 0:
-                return xp.take(table, self.representatives, axis)
-            rows = xp.concat([xp.arange(head, self.representatives), self.representatives + head], 0)
-            return xp.take(table, rows, axis)
-        return self._gather_sample_rows(table, axis, head)
-
-    def _gather_sample_rows(self, table: Any, axis: int, head: int) -> Any:
-        xp, b = self._xp, self.batch
-        shape = list(xp.shape(table))
-        s, rest = shape[axis], shape[axis + 1:]
-        rows = self.representatives + head  # [B, M]
-        if head:
-            text = xp.broadcast_to(xp.reshape(xp.arange(head, rows), [1, head]), [b, head])
-            rows = xp.concat([text, rows], 1)
-        kept = xp.shape(rows)[1]
-        if axis == 0:
-            return xp.reshape(xp.take(table, xp.reshape(rows, [b * kept]), 0), [b, kept] + rest)
-        lead = shape[:axis]
-        if lead[0] not in (1, b) or any(size != 1 for size in lead[1:]):
-            raise ValueError(f"per-sample rows need a table [B or 1, 1.., S, ...] with rows along axis {axis}, got "
-                             f"{shape} for a batch of {b}")
-        flat = xp.reshape(xp.broadcast_to(table, [b] + lead[1:] + shape[axis:]), [b * s] + rest)
-        rows = rows + xp.reshape(xp.arange(b * s, rows, step=s), [b, 1])  # sample k's rows start at k * s
-        return xp.reshape(xp.take(flat, xp.reshape(rows, [b * kept]), 0), [b] + lead[1:] + [kept] + rest)
-
-    @property
-    def inv_counts(self) -> Any:
-        """[B, M, 1]: 1 / the tokens in each merged row."""
-        return self._inv_counts
-
-    @property
-    def shared(self) -> bool:
-        """Whether one map serves every sample of the batch."""
-        return self._rows is not None
-
-    def sample_rows(self) -> Any:
-        """[B, N]: the merged row of each token within its own sample's M rows."""
-        xp, b, m = self._xp, self.batch, self.num_merged
-        return xp.reshape(self._flat_rows, [b, self.num_tokens]) - xp.reshape(xp.arange(b * m, self._flat_rows, step=m), [b, 1])
-
-    def with_passing_tail(self, tail: int) -> "TokenMerge":
-        """This merge over N tokens followed by `tail` tokens that pass whole, each its own merged row after
-        the M rows: a reference image's tokens joined after the target's (Flux Kontext) never merge with them.
-        The same index map, extended: merge, unmerge and rotary rows need nothing else."""
-        if tail <= 0:
-            return self
-        xp, b, n, m = self._xp, self.batch, self.num_tokens, self.num_merged
-        n2, m2 = n + tail, m + tail
-        own = xp.arange(tail, self._flat_rows) + m  # the tail's rows within a sample
-        rows = xp.concat([self.sample_rows(), xp.broadcast_to(xp.reshape(own, [1, tail]), [b, tail])], 1)
-        flat_rows = xp.reshape(rows + xp.reshape(xp.arange(b * m2, rows, step=m2), [b, 1]), [b * n2])
-        ones = xp.zeros([b, tail, 1], self._inv_counts) + 1
-        inv_counts = xp.concat([xp.broadcast_to(self._inv_counts, [b, m, 1]), ones], 1)
-        shared = None if self._rows is None else xp.concat([self._rows, own], 0)
-        reps, tail_reps = self.representatives, xp.arange(tail, self._flat_rows) + n
-        if reps is not None and len(xp.shape(reps)) == 2:
-            reps = xp.concat([reps, xp.broadcast_to(xp.reshape(tail_reps, [1, tail]), [b, tail])], 1)
-        elif reps is not None:
-            reps = xp.concat([reps, tail_reps], 0)
-        return TokenMerge(xp, flat_rows, inv_counts, b, n2, m2, shared, reps)
-
-    def for_batch(self, batch: int) -> "TokenMerge":
-        """This merge (computed for one map) applied to every sample of a batch of `batch`."""
-        xp, n, m = self._xp, self.num_tokens, self.num_merged
-        if self._rows is None:
-            raise ValueError("only a merge computed for the whole batch (compute_shared_merge) can be broadcast")
-        offsets = xp.reshape(xp.arange(batch * m, self._rows, step=m), [batch, 1])
-        flat_rows = xp.reshape(xp.reshape(self._rows, [1, n]) + offsets, [batch * n])
-        inv_counts = xp.broadcast_to(self._inv_counts, [batch, m, 1])
-        return TokenMerge(xp, flat_rows, inv_counts, batch, n, m, self._rows, self.representatives)
 
 
 def num_cells(w: int, h: int, sx: int, sy: int) -> int:
