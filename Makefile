@@ -47,9 +47,9 @@ test-torch: $(TORCH_ENV)/.ready $(REF_TOMESD) $(COMFYUI)
 #     the quality yardstick (a torch/diffusers model, run from env (a) by `make quality`), Wan, which
 #     diffusers added in 0.33, downsampling at the attention dispatch, which came in 0.35 (test_flux.py
 #     checks its refusal there; the split-batch tests use it), and context parallelism (enable_parallelism),
-#     which came in 0.36.
+#     which came in 0.36, and Flux Kontext's pipeline (test_kontext.py), which came in 0.35.
 test-paddle: $(PADDLE_ENV)/.ready $(REF_TOMESD)
-	$(PADDLE_ENV)/bin/python -m pytest -q --durations=15 tests/core tests/torch tests/paddle --ignore=tests/torch/test_host_contract.py --ignore=tests/torch/test_transformer_host_contract.py --ignore=tests/torch/test_quality.py --ignore=tests/torch/test_wan.py --ignore=tests/torch/test_step_caches.py --ignore=tests/torch/test_cache_dit.py --ignore=tests/torch/test_devices.py --ignore=tests/torch/test_downsample_dispatch.py --ignore=tests/torch/test_split_batches.py --ignore=tests/torch/test_context_parallel.py
+	$(PADDLE_ENV)/bin/python -m pytest -q --durations=15 tests/core tests/torch tests/paddle --ignore=tests/torch/test_host_contract.py --ignore=tests/torch/test_transformer_host_contract.py --ignore=tests/torch/test_quality.py --ignore=tests/torch/test_wan.py --ignore=tests/torch/test_step_caches.py --ignore=tests/torch/test_cache_dit.py --ignore=tests/torch/test_devices.py --ignore=tests/torch/test_downsample_dispatch.py --ignore=tests/torch/test_split_batches.py --ignore=tests/torch/test_context_parallel.py --ignore=tests/torch/test_kontext.py
 
 envs: $(CORE_ENV)/.ready $(TORCH_ENV)/.ready $(PADDLE_ENV)/.ready $(REF_TOMESD) $(COMFYUI)
 
