@@ -21,6 +21,10 @@ def _process_state():
     dispatch = sys.modules.get("tomesd.backends.torch_dispatch")
     if dispatch is not None:
         state["users of the attention dispatch seam"] = len(dispatch.SEAM._users)
+    sdpa = sys.modules.get("tomesd.backends.torch_sdpa")
+    if sdpa is not None:
+        state["users of the SDPA seam"] = len(sdpa.SDPA_SEAM._users)
+        state["torch's scaled_dot_product_attention"] = type(sys.modules["torch"].nn.functional.scaled_dot_product_attention).__name__
     attention = sys.modules.get("diffusers.models.attention_dispatch")
     registry = getattr(attention, "_AttentionBackendRegistry", None)
     if registry is not None and hasattr(registry, "_backends"):
@@ -36,7 +40,8 @@ def _process_state():
     return state
 
 
-_STRICT = ("users of the attention dispatch seam", "diffusers' attention backends")
+_STRICT = ("users of the attention dispatch seam", "diffusers' attention backends", "users of the SDPA seam",
+           "torch's scaled_dot_product_attention")
 
 
 def _changes(before, after):

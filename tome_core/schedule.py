@@ -14,7 +14,8 @@ DOWNSAMPLE_METHODS = ("nearest", "avg")
 # What each mode means by default. A field left None takes its mode's default; a field given for a
 # mode that has no use for it is refused (see ToMeArgs.__post_init__).
 _MERGE_DEFAULTS = dict(ratio=0.5, sx=2, sy=2, use_rand=True, merge_attn=True, merge_crossattn=False,
-                       merge_mlp=False, reuse_steps=1, share_across_blocks=False, st=1, bands=1)
+                       merge_mlp=False, reuse_steps=1, share_across_blocks=False, st=1, bands=1,
+                       proportional_attention=False)
 _DOWNSAMPLE_DEFAULTS = dict(downsample_factor=2, downsample_method="nearest")
 
 
@@ -57,6 +58,9 @@ class ToMeArgs:
     # its own (bands.py), as each rank of a `bands`-way context-parallel run merges its own. 1: one matching over
     # the whole grid. Under context parallelism the ranks' bands apply whatever this says.
     bands: Optional[int] = None
+    # Proportional attention (ToMe for ViTs): a merged key weighs as the tokens it holds (log(size) on its attention
+    # scores), text and unmerged keys as 1. False: ToMe for SD's attention, where a merged key counts as one.
+    proportional_attention: Optional[bool] = None
 
     def __post_init__(self) -> None:
         if self.ratio_schedule is not None:
@@ -167,7 +171,8 @@ class ToMeArgs:
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"{name} must be a positive int (the dst stride in tokens), got {value!r}")
-        for name in ("use_rand", "merge_attn", "merge_crossattn", "merge_mlp", "share_across_blocks"):
+        for name in ("use_rand", "merge_attn", "merge_crossattn", "merge_mlp", "share_across_blocks",
+                     "proportional_attention"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.seed is not None and not _is_int(self.seed):

@@ -31,6 +31,7 @@ def apply_patch(
     st: Optional[int] = None,
     ratio_schedule: Optional[Sequence[Tuple[float, float]]] = None,
     bands: Optional[int] = None,
+    proportional_attention: Optional[bool] = None,
     config: Optional[Union[ToMeConfig, ToDoConfig]] = None,
 ) -> Any:
     """Patch every denoiser of `model` (UNets and ControlNets, never the VAE) to reduce the tokens
@@ -81,6 +82,10 @@ def apply_patch(
       within its own band (bands, if given, must be 1 or P there), so the attention's tokens and the bytes
       each collective moves shrink by the merged share; bands=P on one process gives what a P-way run gives,
       to round-off.
+      proportional_attention (False): a merged key weighs in self- and joint attention as the tokens it holds
+      (ToMe for ViTs' proportional attention), text and unmerged keys as one; much closer to the unpatched model
+      at the same speed. The bias rides as one more query/key channel, never a mask, so SDPA keeps its fused
+      kernel; torch, diffusers' processors that call scaled_dot_product_attention (or its native dispatch).
     mode="downsample": token downsampling (ToDo). Self-attention takes its keys and values from the
       block's token grid downsampled by downsample_factor per side (2); queries stay full, nothing
       is unmerged. downsample_method: "nearest" (default; the top-left token of each cell) or "avg"
@@ -94,6 +99,7 @@ def apply_patch(
         merge_crossattn=merge_crossattn, merge_mlp=merge_mlp, seed=seed, mode=mode,
         downsample_factor=downsample_factor, downsample_method=downsample_method, reuse_steps=reuse_steps,
         share_across_blocks=share_across_blocks, blocks=blocks, st=st, ratio_schedule=ratio_schedule, bands=bands,
+        proportional_attention=proportional_attention,
     )
     return targets.apply(model, resolve(config, settings))[0]
 

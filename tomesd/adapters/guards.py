@@ -128,6 +128,9 @@ def validate(patch: Any) -> None:
     if args.mode == "downsample":
         _validate_downsample(patch)
         return
+    if args.proportional_attention and getattr(patch.host, "key_weight_seam", None) is None:
+        raise ValueError(f"proportional_attention weighs merged keys inside torch's scaled_dot_product_attention, and "
+                         f"{name} runs on another framework here; apply_patch with proportional_attention=False")
     if args.bands > 1 and not layout.bands:
         raise ValueError(
             f"bands has no meaning on {name}: the band rule splits one token grid, as context parallelism splits "
@@ -175,6 +178,11 @@ def check_context_split(patch: Any, split: Any) -> None:
         raise ValueError(
             f"mode='downsample' does not run under context parallelism yet ({name} on {split.count} processes): "
             f"use mode='merge', which merges within each rank's band"
+        )
+    if args.proportional_attention:
+        raise ValueError(
+            f"proportional_attention does not run under context parallelism yet ({name} on {split.count} processes: "
+            f"the attention gathers keys whose sizes other ranks hold); apply_patch with proportional_attention=False"
         )
     if patch.layout.bands != "tokens":
         raise ValueError(

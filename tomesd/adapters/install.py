@@ -10,6 +10,7 @@ from . import guards
 from .kinds import BlockKind, Span, sublayer
 from .signatures import CONTEXT, MASK, TOKENS, InputSpec
 from .downsample_sites import DownsampleContext, DownsampleDispatch, DownsampleProjection
+from .key_weights import WeighSpanKeys, open_key_seam, weighs
 from .sites import MergeSite, SpanEnd, SpanInterior, SpanRotary, SpanStart
 
 
@@ -89,6 +90,8 @@ def install_merge(patch: Any, index: int, block: Any, kind: BlockKind) -> None:
         sub = getattr(block, layer.name, None)
         if sub is None or not getattr(patch.args, layer.flag):
             continue
+        if weighs(patch, layer.flag):
+            open_key_seam(patch)
         rotary = None
         if layer.rotary is not None:  # by keyword, or where the signature puts it (Wan passes it by position)
             rotary = InputSpec.find(sub, (layer.rotary,), first_positional=False) or InputSpec(layer.rotary, None)
@@ -113,7 +116,22 @@ def install_merge(patch: Any, index: int, block: Any, kind: BlockKind) -> None:
                 add_hook(patch, inner, host.add_pre_hook, rotary.pre)
             else:  # around the attention's own forward, where an arming of the dispatch belongs
                 around(patch, inner, rotary.pre, rotary.post)
+        if weighs(patch, span.flag):
+            _weigh_span(patch, index, block, span, start, ends[0])
         seat_span_cache(patch, index, span)
+
+
+def _weigh_span(patch: Any, index: int, block: Any, span: Span, start: Any, end: Any) -> None:
+    """Proportional attention inside a span: armed around the module that calls the attention, else from the
+    span's start (after its merge) to its first end."""
+    open_key_seam(patch)
+    hook = WeighSpanKeys(patch, index, span)
+    called = sublayer(block, span.attention_call) if span.attention_call is not None else None
+    if called is not None:
+        around(patch, called, hook.pre, hook.post)
+    else:
+        add_hook(patch, start, patch.host.add_post_hook, hook.pre)
+        add_hook(patch, end, patch.host.add_post_hook, hook.post)
 
 
 def seat_span_cache(patch: Any, index: int, span: Span) -> None:

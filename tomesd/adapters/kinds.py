@@ -32,6 +32,9 @@ class Sublayer:
     rotary: Optional[str] = None  # input of per-token (cos, sin) rows that follow the tokens
     rotary_axis: int = 0  # the token axis of those rows (Flux: [S, D]; Wan: [1, S, 1, D])
     rotates: str = ""  # how its processor applies rows with no batch axis, where the dispatch can do it (ROTATIONS)
+    # Where its attention's keys hold the merged image keys: at the end of the key sequence (alone, or after text:
+    # Flux's [text, image]), or at its start (True: SD3's [image, text]). Read for proportional attention.
+    image_keys_first: bool = False
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,9 @@ class Span:
     rotary: str = "image_rotary_emb"
     rotary_axis: int = 0  # the token axis of those rows
     rotates: str = ""  # as Sublayer.rotates
+    # The module whose own forward calls the attention (proportional attention weighs its keys there); None: the
+    # attention is a function called between the span's start and its first end (Black Forest Labs' layout).
+    attention_call: Optional[str] = None
 
 
 # Rotary rows with a batch axis (rotary_axis > 0: Wan's [1, S, 1, D], ComfyUI's [B, 1, S, ...]) follow a matching
@@ -110,7 +116,7 @@ BLOCK_KINDS: Dict[str, BlockKind] = {
         # image-only self-attention. Text tokens never pass through a hooked input.
         BlockKind(
             "JointTransformerBlock",
-            sublayers=(Sublayer("attn", "merge_attn", tokens=("hidden_states",), outputs=(0,)),
+            sublayers=(Sublayer("attn", "merge_attn", tokens=("hidden_states",), outputs=(0,), image_keys_first=True),
                        Sublayer("attn2", "merge_attn", tokens=("hidden_states",)),
                        Sublayer("ff", "merge_mlp")),
             downsample=(Downsample("attn", "projections"), Downsample("attn2", "projections")),
@@ -138,7 +144,8 @@ BLOCK_KINDS: Dict[str, BlockKind] = {
             "FluxSingleTransformerBlock",
             sublayers=(),
             downsample=(Downsample("attn", "dispatch"),),
-            spans=(Span("norm", 0, ("proj_out",), "merge_attn", attention="attn", rotary_at="attn", rotates="cos_sin"),),
+            spans=(Span("norm", 0, ("proj_out",), "merge_attn", attention="attn", rotary_at="attn", rotates="cos_sin",
+                        attention_call="attn"),),
         ),
         # Wan 2.1 / 2.2: self-attention over every frame's image tokens, its rotary rows [1, S, 1, D] (frame,
         # row and column positions) applied inside the processor; cross-attention to the text (and, for

@@ -52,8 +52,9 @@ class RootHooks:
         stack = self.patch.calls.current()
         if stack:
             stack.pop()
-        if self.patch.seam is not None:
-            self.patch.seam.clear()  # an attention that raised left its arming
+        for seam in (self.patch.seam, self.patch.key_seam):
+            if seam is not None:
+                seam.clear()  # an attention that raised left its arming
 
 
 # The patches whose hooks are on a model now (weakly: a dropped patched model leaves with its patch). The test
@@ -79,6 +80,7 @@ class ToMePatch:
         self.matcher = Matcher(self)
         self._hooked: List[Any] = []
         self.seam: Any = None  # the host's attention dispatch seam, while this patch uses it (install/detach)
+        self.key_seam: Any = None  # the host's SDPA seam, while this patch weighs keys (key_weights.py)
         # Whether a coordinate layout matches each sample on its own (install: every rotary table can follow).
         self.per_sample = False
         # A plain int for the per-call path (paddle's SOT translator reads plain values best); downsample has none.
@@ -103,8 +105,9 @@ class ToMePatch:
         self.matcher.reset()  # a copy keeps no matchings
         if self._hooked:  # a copy of an installed patch: its model's copy holds the hooks
             HOOKED.add(self)
-        if self.seam is not None:
-            self.seam.open(self)  # the copy's hooks use the process's seam as well
+        for seam in (self.seam, self.key_seam):
+            if seam is not None:
+                seam.open(self)  # the copy's hooks use the process's seams as well
 
     # ---- lifecycle ----
     def validate(self) -> None:
@@ -143,9 +146,10 @@ class ToMePatch:
             remove_owned_hooks(self.host, module, self)
         self._hooked.clear()
         HOOKED.discard(self)
-        if self.seam is not None:
-            self.seam.close(self)
-            self.seam = None
+        for seam in (self.seam, self.key_seam):
+            if seam is not None:
+                seam.close(self)
+        self.seam = self.key_seam = None
 
     def remove(self) -> None:
         self.detach()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Tuple
 
+from . import key_weights
 from .guards import MASKED_SELF_ATTENTION
 from .kinds import Span, Sublayer
 from .signatures import InputSpec
@@ -61,6 +62,7 @@ class MergeSite(SiteHook):
         super().__init__(patch, index)
         # mask: where a self-attention's attention_mask arrives (by name or by position); None elsewhere.
         self.layer, self.spec, self.rotary, self.mask = layer, spec, rotary, mask
+        self.weighs = key_weights.weighs(patch, layer.flag)  # proportional attention over its merged keys
 
     def pre(self, module: Any, args: tuple, kwargs: dict) -> Any:
         # The image tokens, or a sequence ending with them (CogVideoX's feed-forward sees [text, image]).
@@ -77,11 +79,15 @@ class MergeSite(SiteHook):
             raise ValueError(MASKED_SELF_ATTENTION)
         merged = self._along_tokens("merge", merge.merge_tail, tokens)
         self._record(self.layer.flag, tokens, merged)
+        if self.weighs:
+            key_weights.arm(self.patch, merge, self.layer.image_keys_first)
         return self.spec.replace(args, kwargs, merged)
 
     def post(self, module: Any, args: tuple, output: Any) -> Any:
         if self.layer.rotates:
             check_rotated(self, module)
+        if self.weighs and self.patch.site_merge(self.index, self.layer.flag) is not None:
+            key_weights.check_weighed(self.patch, module)
         return unmerge_output(self, self.layer.flag, self.layer.outputs, output)
 
 

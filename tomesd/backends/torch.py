@@ -5,7 +5,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 
 import torch
 
-from . import torch_dispatch, torch_links, torch_parallel
+from . import torch_dispatch, torch_links, torch_parallel, torch_sdpa
 
 
 class TorchArrays:
@@ -151,6 +151,14 @@ class TorchHost:
     def attention_seam(self) -> Any:
         """diffusers' attention dispatch, where keys arrive rotated (torch_dispatch.py)."""
         return torch_dispatch.SEAM
+
+    def key_weight_seam(self) -> Any:
+        """torch's scaled_dot_product_attention, where proportional attention weighs merged keys (torch_sdpa.py)."""
+        return torch_sdpa.SDPA_SEAM
+
+    def key_weights(self, inv_counts: torch.Tensor, image_keys_first: bool) -> Any:
+        """One attention's weights: log of each merged row's token count ([B, M, 1] inverse counts)."""
+        return torch_sdpa.KeyWeights(-torch.log(inv_counts[..., 0]), image_keys_first)
 
     def on_local_tokens(self, fn: Callable[[Any], Any], x: Any) -> Any:
         """`fn` (a merge or unmerge along the tokens) on `x`, or on a DTensor's local tensor (tensor parallelism)."""

@@ -37,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ratios", default="0.25,0.5,0.75", help="comma-separated ToMe ratios")
     parser.add_argument("--modes", default=None,
                         help="comma-separated: merge (ToMe, one row per ratio), merge-mlp (ToMe with merge_mlp=True, "
-                             "one row per ratio), downsample (ToDo, one row); default merge,downsample")
+                             "one row per ratio), merge-prop (ToMe with proportional_attention=True, one row per ratio), "
+                             "downsample (ToDo, one row); default merge,downsample")
     parser.add_argument("--reuse-steps", default="1", metavar="K[,K...]",
                         help="merge rows per ratio, one per K: matching reused for K denoising steps (use with --steps)")
     parser.add_argument("--downsample-factor", type=int, default=2, help="per side, with --modes downsample")

@@ -77,6 +77,18 @@ def entries() -> List[Entry]:
         _run("SD3 1024² compiled", 120, "sd3", "1024", half, "--compile", *COMPILED),
         _run("Wan 480x832 compiled", 110, "wan", "480x832", bf16, "--compile", *COMPILED),
     ]
+    # Proportional attention beside plain ToMe (the same rows' speed-up, and which attention kernel runs).
+    both = ("--modes", "merge,merge-prop")
+    runs += [
+        _run("SD1.5 1024² prop", 20, "sd1", "1024", half, *EAGER, *both, *profiled),
+        _run("SD1.5 2048² prop", 45, "sd1", "2048", half, *EAGER, *both),
+        _run("SDXL 1024² prop", 25, "sdxl", "1024", half, *EAGER, *both),
+        _run("SD3 1024² prop", 20, "sd3", "1024", half, *EAGER, *both, *profiled),
+        _run(f"{flux_title} prop", 20, "flux", "1024", bf16, *flux, *EAGER, *both, *profiled),
+        _run("Wan 480x832, 17 frames prop", 25, "wan", "480x832", bf16, *EAGER, *both),
+        _run("SD1.5 1024² compiled prop", 130, "sd1", "1024", half, "--compile", *COMPILED, *both),
+        _run(f"{flux_title} compiled prop", 100, "flux", "1024", bf16, *flux, "--compile", *COMPILED, *both),
+    ]
     return runs
 
 

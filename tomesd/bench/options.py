@@ -59,9 +59,9 @@ def _ints(text: str, option: str) -> List[int]:
 
 def _modes(text: str) -> List[str]:
     modes = [part.strip() for part in text.split(",") if part.strip()]
-    bad = [m for m in modes if m not in ("merge", "merge-mlp", "downsample")]
+    bad = [m for m in modes if m not in ("merge", "merge-mlp", "merge-prop", "downsample")]
     if not modes or bad:
-        raise ValueError(f"--modes {text!r}: choose from merge, merge-mlp, downsample")
+        raise ValueError(f"--modes {text!r}: choose from merge, merge-mlp, merge-prop, downsample")
     return modes
 
 

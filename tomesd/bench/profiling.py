@@ -27,7 +27,7 @@ def run(settings: Any, kit: Any) -> Dict[str, Any]:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device else [])
     found: Dict[str, Any] = {}
     for cfg in configurations(settings):
-        if cfg.cache is not None or cfg.mode == "merge-mlp" or cfg.reuse_steps > 1:
+        if cfg.cache is not None or cfg.mode not in ("merge", "merge-prop", "downsample") or cfg.reuse_steps > 1:
             continue
         with kit.method(model, cfg, settings):
             kit.forward(model, inputs)
@@ -54,16 +54,23 @@ def summary(events: Any, device: bool) -> Dict[str, Any]:
 
 
 def markdown(title: str, profiles: Dict[str, Any], rows: int = 10) -> List[str]:
-    """A table of the ops that cost most under ToMe, beside their cost in the baseline."""
+    """A table of the ops that cost most under ToMe, beside their cost in the baseline and under each other
+    configuration profiled; attention ops are listed whatever they cost (which SDPA kernel each one ran)."""
     base = profiles.get("baseline")
-    tome = next((v for k, v in profiles.items() if k.startswith("ToMe")), None)
+    names = [k for k in profiles if k != "baseline"]
+    tome = next((profiles[k] for k in names if k.startswith("ToMe")), None)
     if base is None or tome is None:
         return []
-    before = {op["op"]: op["ms"] for op in base["ops"]}
+    costs = {name: {op["op"]: op for op in profiles[name]["ops"]} for name in ["baseline"] + names}
+    shown = [op["op"] for op in tome["ops"][:rows]]
+    shown += sorted({op for table in costs.values() for op in table if "attention" in op} - set(shown))
     lines = [f"{title}: {tome.get('clock', 'device')} time by op, one forward (ms)", "",
-             "| op | baseline | ToMe r=0.5 |", "|---|---|---|",
-             f"| all ops | {base['total_ms']:.1f} | {tome['total_ms']:.1f} |"]
-    for op in tome["ops"][:rows]:
-        old = before.get(op["op"])
-        lines.append(f"| {op['op']} ({op['calls']} calls) | {'-' if old is None else f'{old:.1f}'} | {op['ms']:.1f} |")
+             "| op | baseline | " + " | ".join(names) + " |", "|---" * (len(names) + 2) + "|",
+             "| all ops | " + " | ".join(f"{profiles[n]['total_ms']:.1f}" for n in ["baseline"] + names) + " |"]
+    for op in shown:
+        cells = []
+        for name in ["baseline"] + names:
+            found = costs[name].get(op)
+            cells.append("-" if found is None else f"{found['ms']:.1f} ({found['calls']})")
+        lines.append(f"| {op} | " + " | ".join(cells) + " |")
     return lines + [""]

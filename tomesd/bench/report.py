@@ -29,7 +29,7 @@ def label(row: Any, reference_name: str) -> str:
         name = "downsample (ours)"
     else:
         name = f"ToMe (ours) r={row.ratio:g}" + (f" reuse {row.reuse_steps}" if row.reuse_steps > 1 else "")
-        name += " merge_mlp" if row.mode == "merge-mlp" else ""
+        name += {"merge-mlp": " merge_mlp", "merge-prop": " prop"}.get(row.mode, "")
     return name if cache is None else f"{name} + {cache}"
 
 

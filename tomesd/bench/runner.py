@@ -62,7 +62,8 @@ class Config:
             return dict(mode="downsample", max_downsample=settings.max_downsample,
                         downsample_factor=settings.downsample_factor, downsample_method=settings.downsample_method)
         return dict(ratio=self.ratio, max_downsample=settings.max_downsample, seed=settings.seed,
-                    reuse_steps=self.reuse_steps, merge_mlp=self.mode == "merge-mlp")
+                    reuse_steps=self.reuse_steps, merge_mlp=self.mode == "merge-mlp",
+                    proportional_attention=self.mode == "merge-prop" or None)
 
 
 @dataclass
@@ -95,7 +96,8 @@ class Row:
 
 def configurations(settings: Settings) -> List[Config]:
     configs = [Config("baseline")]
-    for mode in ("merge", "merge-mlp"):  # merge-mlp: ToMe with the feed-forward merged too (merge_mlp=True)
+    # merge-mlp: ToMe with the feed-forward merged too; merge-prop: with proportional attention.
+    for mode in ("merge", "merge-mlp", "merge-prop"):
         if mode in settings.modes:
             configs += [Config("tome", ratio, mode, k) for ratio in settings.ratios for k in settings.reuse_steps]
     if "downsample" in settings.modes:

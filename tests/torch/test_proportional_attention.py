@@ -1,0 +1,187 @@
+"""Proportional attention (apply_patch(proportional_attention=True)): a merged key weighs as the tokens it holds.
+
+The exact property: attention over merged rows with proportional weights equals attention over every token when
+the tokens merged together are identical copies. Then, on every family: each merged self- or joint attention
+weighs its image keys by their sizes (which sum to the tokens merged) and its text keys by one, through the same
+fused SDPA kernel as unpatched and with no mask; no graph breaks under torch.compile; refusals by name."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tomesd
+from families import FAMILIES, missing_host
+from probes import OpCounter
+from tomesd.backends import torch_sdpa
+
+NAMES = [pytest.param(name, marks=pytest.mark.skipif(bool(missing_host(family)), reason=missing_host(family)))
+         for name, family in FAMILIES.items()]
+SDPA = F.scaled_dot_product_attention
+
+
+def _groups(tokens, rows, generator):
+    """An index map of `tokens` tokens onto `rows` rows, every row holding at least one token."""
+    rest = torch.randint(0, rows, (tokens - rows,), generator=generator)
+    return torch.cat([torch.arange(rows), rest])[torch.randperm(tokens, generator=generator)]
+
+
+@pytest.mark.parametrize("head", [40, 64, 72])
+@pytest.mark.parametrize("text, first", [(0, False), (5, False), (5, True)])
+def test_weighted_attention_over_merged_copies_equals_attention_over_every_token(head, text, first):
+    g = torch.Generator().manual_seed(head + text)
+    batch, heads, tokens, rows = 2, 3, 24, 9
+    index = torch.stack([_groups(tokens, rows, g) for _ in range(batch)])  # [B, N]: each token's merged row
+    q_rows, k_rows, v_rows = (torch.randn(batch, heads, rows, head, generator=g) for _ in range(3))
+    q_text, k_text, v_text = (torch.randn(batch, heads, text, head, generator=g) for _ in range(3))
+    copies = lambda x: torch.gather(x, 2, index[:, None, :, None].expand(batch, heads, tokens, head))
+
+    def joined(image, words):
+        return torch.cat([image, words] if first else [words, image], 2)
+
+    full = SDPA(joined(copies(q_rows), q_text), joined(copies(k_rows), k_text), joined(copies(v_rows), v_text))
+    sizes = torch.zeros(batch, rows).scatter_add_(1, index, torch.ones(batch, tokens))
+    weights = torch_sdpa.KeyWeights(sizes.log(), first)
+    merged = weights(SDPA, joined(q_rows, q_text), joined(k_rows, k_text), joined(v_rows, v_text))
+    plain = SDPA(joined(q_rows, q_text), joined(k_rows, k_text), joined(v_rows, v_text))
+    # Each merged row's query stands for its copies: its output equals theirs in the full attention.
+    image = slice(0, rows) if first else slice(text, text + rows)
+    full_image = full[:, :, :tokens] if first else full[:, :, text:]
+    expected = torch.gather(merged[:, :, image], 2, index[:, None, :, None].expand(batch, heads, tokens, head))
+    assert (torch.gather(plain[:, :, image], 2, index[:, None, :, None].expand(batch, heads, tokens, head))
+            - full_image).abs().max() > 1e-2  # unweighted merging is far off
+    torch.testing.assert_close(expected, full_image, atol=1e-5, rtol=1e-5)
+    text_rows = slice(rows, None) if first else slice(0, text)
+    torch.testing.assert_close(merged[:, :, text_rows], full[:, :, tokens:] if first else full[:, :, :text],
+                               atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def family(request):
+    family = FAMILIES[request.param]
+    return family, family.build().eval()
+
+
+def _patched(family, model, **extra):
+    return tomesd.apply_patch(model, **{**(family.patch or dict(ratio=0.5)), **extra})
+
+
+def _silent_text(inputs):
+    """Text that is all zeros: its keys are one row repeated in every attention (image keys differ)."""
+    return {k: (torch.zeros_like(v) if k == "encoder_hidden_states" else v) for k, v in inputs.items()}
+
+
+class _Recorder:
+    """The calls of torch's SDPA under the seam's wrapper: (query, key, scale) of each weighed call."""
+
+    def __init__(self, fn):
+        self.fn, self.weighed = fn, []
+
+    def __call__(self, query, key, value, **kwargs):
+        if kwargs.get("scale") is not None and (query == 1).all(dim=(0, 1, 2)).any():  # the seam's channel of ones
+            self.weighed.append((query, key, kwargs["scale"]))
+        return self.fn(query, key, value, **kwargs)
+
+
+def test_each_merged_attention_weighs_its_image_keys_by_size_and_its_text_keys_by_one(family, unpatch):
+    family, model = family
+    inputs = _silent_text(family.inputs(model, batch=2, seed=3))
+    plain = (_patched(family, model), family.run(model, inputs), tomesd.remove_patch(model))[1]
+    _patched(family, model, proportional_attention=True)
+    unpatch(model)
+    wrapper = F.scaled_dot_product_attention
+    recorder = wrapper.fn = _Recorder(wrapper.fn)
+    try:
+        with tomesd.observe(model) as seen:
+            out = family.run(model, inputs)
+    finally:
+        wrapper.fn = recorder.fn
+    assert (out - plain).abs().max() > 1e-4  # the weights change the output
+    # Tokens merged away at each merged attention site (a span's record counts its text too).
+    sites = sorted(n - m for call in seen.calls for block in call.blocks.values()
+                   for n, m in block.sites.get("attn", []) if m < n)
+    weighed = []
+    for query, key, scale in recorder.weighed:
+        head = int((query == 1).all(dim=(0, 1, 2)).nonzero()[-1])  # the channel of ones the seam added
+        bias, rows = key[0, 0, :, head] * scale, key[0, 0, :, :head]  # log of each key's tokens; the keys
+        text = torch.zeros(len(rows), dtype=torch.bool)
+        for end in (0, -1):  # the text: one row repeated at either end of the keys
+            same = (rows - rows[end]).abs().amax(-1) < 1e-4 * rows.abs().max()
+            if same.sum() > 1:
+                text = same
+        assert not text.any() or bias[text].abs().max().item() == 0  # text keys weigh one
+        sizes = bias[~text].exp()
+        assert torch.allclose(sizes, sizes.round(), atol=1e-4) and sizes.min() >= 1 - 1e-4
+        weighed.append(int(sizes.sum().round()) - len(sizes))
+    assert sorted(weighed) == sites  # one weighed SDPA per merged attention: its image keys hold every token
+
+
+def test_the_fused_kernel_runs_as_unpatched_with_no_mask(family, unpatch):
+    family, model = family
+    inputs = family.inputs(model, batch=2, seed=3)
+
+    def attention_ops():
+        with OpCounter() as ops:
+            family.run(model, inputs)
+        return {op: n for op, n in ops.ops.items() if "attention" in op}
+
+    unpatched = attention_ops()
+    _patched(family, model)
+    merged = attention_ops()
+    tomesd.remove_patch(model)
+    _patched(family, model, proportional_attention=True)
+    unpatch(model)
+    assert unpatched and any("flash" in op for op in unpatched)
+    assert attention_ops() == merged == unpatched
+
+
+def test_removal_restores_torch_sdpa_and_copies_carry_the_weights(family):
+    family, model = family
+    inputs = family.inputs(model, batch=2, seed=4)
+    _patched(family, model, proportional_attention=True)
+    assert F.scaled_dot_product_attention is not SDPA
+    out = family.run(model, inputs)
+    twin = copy.deepcopy(model)
+    tomesd.remove_patch(model)
+    assert F.scaled_dot_product_attention is not SDPA  # the copy still weighs
+    torch.testing.assert_close(family.run(twin, inputs), out, atol=0, rtol=0)
+    tomesd.remove_patch(twin)
+    assert F.scaled_dot_product_attention is SDPA
+
+
+def test_an_attention_that_does_not_call_sdpa_is_refused_by_name(unpatch):
+    from diffusers.models.attention_processor import AttnProcessor
+
+    family = FAMILIES["sd1-unet"]
+    model = family.build().eval()
+    model.set_attn_processor(AttnProcessor())  # its own softmax
+    _patched(family, model, proportional_attention=True)
+    unpatch(model)
+    with pytest.raises(RuntimeError, match="proportional_attention=False.*|AttnProcessor"):
+        family.run(model, family.inputs(model))
+
+
+def test_compiled_forward_has_no_graph_breaks_and_equals_eager(unpatch):
+    family = FAMILIES["flux"]
+    model = family.build().eval()
+    inputs = family.inputs(model, batch=2, seed=5)
+    _patched(family, model, proportional_attention=True)
+    unpatch(model)
+    eager = family.run(model, inputs)
+    torch._dynamo.reset()
+    try:
+        explained = torch._dynamo.explain(lambda: family.run(model, inputs))()
+        assert explained.graph_break_count == 0, explained.break_reasons
+        compiled = torch.compile(lambda: family.run(model, inputs), backend="eager", fullgraph=True)()
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-5)
+
+
+def test_proportional_attention_is_a_merge_setting():
+    with pytest.raises(ValueError, match="proportional_attention must be True or False"):
+        tomesd.ToMeConfig(proportional_attention="yes")
+    from tome_core import ToMeArgs
+
+    with pytest.raises(ValueError, match="proportional_attention has no meaning with mode='downsample'"):
+        ToMeArgs(mode="downsample", proportional_attention=True)

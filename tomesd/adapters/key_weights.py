@@ -1,0 +1,58 @@
+"""Proportional attention's hooks: a merged key weighs as the tokens it holds (ToMe for ViTs).
+
+Where a self- or joint attention runs on merged image tokens, its hook arms the host's SDPA seam
+(`host.key_weight_seam()`, backends/torch_sdpa.py) with the log of each merged row's token count before the
+attention's own forward, and checks after it that the attention's one call of scaled_dot_product_attention took
+them: an attention computed another way (its own softmax, xformers, a flash-attn backend) would run unweighted
+while the user asked for weights, so it is refused by name, with the setting that works.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .kinds import Span
+
+
+def weighs(patch: Any, flag: str) -> bool:
+    """Whether the site `flag` turns on weighs its keys: proportional attention on, and the site's keys are image
+    tokens (self- or joint attention; cross-attention's keys are text)."""
+    return patch.args.mode == "merge" and bool(patch.args.proportional_attention) and flag == "merge_attn"
+
+
+def open_key_seam(patch: Any) -> None:
+    if patch.key_seam is None:  # guards.validate refused hosts with no such seam
+        patch.key_seam = patch.host.key_weight_seam()
+        patch.key_seam.open(patch)
+
+
+def arm(patch: Any, merge: Any, image_keys_first: bool) -> None:
+    """The next SDPA call weighs the merged keys of `merge` (each merged row's size, from its inverse count)."""
+    patch.key_seam.arm(patch.host.key_weights(merge.inv_counts, image_keys_first))
+
+
+def check_weighed(patch: Any, where: Any) -> None:
+    if not patch.key_seam.disarm():
+        processor = getattr(where, "processor", None)
+        how = f"its processor {type(processor).__name__}" if processor is not None else "it"
+        raise RuntimeError(
+            f"ToMe's proportional attention weighs merged keys in torch's scaled_dot_product_attention, but "
+            f"{type(where).__name__} ran on merged tokens and {how} made no call of it (its own softmax, xformers, "
+            f"or an attention backend other than diffusers' 'native'); apply_patch with proportional_attention=False, "
+            f"or set an SDPA processor / the native attention backend")
+
+
+class WeighSpanKeys:
+    """A span's attention (kinds.Span) weighs its keys: armed around the module whose forward calls it
+    (`attention_call`), or from the span's start to its first end where the attention is a function."""
+
+    def __init__(self, patch: Any, index: int, span: Span) -> None:
+        self.patch, self.index, self.span = patch, index, span
+
+    def pre(self, module: Any, *_: Any) -> None:
+        merge = self.patch.site_merge(self.index, self.span.flag)
+        if merge is not None:
+            arm(self.patch, merge, False)
+
+    def post(self, module: Any, *_: Any) -> None:
+        if self.patch.site_merge(self.index, self.span.flag) is not None:
+            check_weighed(self.patch, module)

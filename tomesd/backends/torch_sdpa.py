@@ -1,0 +1,151 @@
+"""torch's scaled_dot_product_attention as a seam: proportional attention for merged keys, with no mask.
+
+A merged key stands for the tokens it holds; proportional attention (ToMe for ViTs) adds log(size) to its
+attention scores, so attending to it weighs as attending to each of its tokens. An additive mask would move
+SDPA off its fused kernels (FlashAttention takes no mask), so the bias rides as one more channel instead: the
+queries get a channel of ones and the keys a channel of log(size) / scale, and with the scale of the original
+head size the extra product adds exactly log(size) to each score. Values get a zero channel (the fused kernels
+want one head size for all three), the output drops it. On CUDA the head size is padded to the multiple of 8
+the fused kernels take; elsewhere one channel is added. The processors that call it (diffusers' UNet, SD3,
+PixArt processors, and its attention dispatch's "native" backend, which Flux and Wan go through) run unchanged.
+
+While a patch needs it, `torch.nn.functional.scaled_dot_product_attention` is replaced by a wrapper that passes
+every unarmed call through as it came; the attention module's hook arms it for its own call (`arm`), the first
+SDPA call inside takes the weights, and the module's post-hook checks that one did (`disarm`). The wrapper goes
+when the last patch using it is removed. As torch_dispatch.py's seam: per thread in eager mode, a plain
+attribute while a graph compiler traces.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Any, Callable, Dict, Optional
+
+import torch
+import torch.nn.functional as F
+
+from .torch_dispatch import Arming, _ThreadSlot
+
+_NAME = "scaled_dot_product_attention"
+
+
+class KeyWeights:
+    """One attention call's merged keys: `log_sizes` [B, M] (log of the tokens each merged key holds), which sit
+    first in the key sequence (`first`, SD3's [image, text]) or last (alone, or after text: Flux's [text, image])."""
+
+    __slots__ = ("log_sizes", "first")
+
+    def __init__(self, log_sizes: torch.Tensor, first: bool) -> None:
+        self.log_sizes, self.first = log_sizes, first
+
+    def __call__(self, fn: Callable, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0, is_causal: bool = False,
+                 scale: Optional[float] = None, **rest: Any) -> torch.Tensor:
+        if attn_mask is not None or is_causal:
+            raise ValueError("ToMe's proportional attention weighs merged keys inside torch's "
+                             "scaled_dot_product_attention, which here got an attention mask (or is_causal); "
+                             "apply_patch with proportional_attention=False")
+        batch, length, merged = key.shape[0], key.shape[-2], self.log_sizes.shape[-1]
+        if key.dim() != 4 or length < merged or self.log_sizes.shape[0] not in (1, batch):
+            raise ValueError(f"ToMe's proportional attention has weights for {self.log_sizes.shape[0]} samples of "
+                             f"{merged} merged keys; the attention's keys are {list(key.shape)} ([B, heads, S, D] "
+                             f"expected); apply_patch with proportional_attention=False")
+        size = query.shape[-1]
+        scale = 1.0 / math.sqrt(size) if scale is None else scale
+        pad = 8 - size % 8 if query.is_cuda else 1  # the extra channel, plus zeros to the fused kernels' multiple
+        bias = (self.log_sizes / scale).to(key.dtype)
+        bias = F.pad(bias, (0, length - merged) if self.first else (length - merged, 0))  # text keys weigh 1
+        bias = bias.reshape(bias.shape[0], 1, length, 1).expand(*key.shape[:-1], 1)
+        query = torch.cat([query, query.new_ones(*query.shape[:-1], 1), query.new_zeros(*query.shape[:-1], pad - 1)], -1)
+        key = torch.cat([key, bias, key.new_zeros(*key.shape[:-1], pad - 1)], -1)
+        width = value.shape[-1]
+        if width == size:
+            value = F.pad(value, (0, pad))
+        out = fn(query, key, value, dropout_p=dropout_p, is_causal=False, scale=scale, **rest)
+        return out[..., :width]
+
+
+class SdpaSeam:
+    """The process's wrapped scaled_dot_product_attention: one instance, shared by every patch that weighs keys."""
+
+    def __init__(self) -> None:
+        self._thread = _ThreadSlot()
+        self._traced: Optional[Arming] = None
+        self._users: Dict[int, "weakref.ref[Any]"] = {}
+        self._wrapper: Optional[_Wrapped] = None
+
+    def __reduce__(self) -> str:  # a copied patch shares the process's seam
+        return "SDPA_SEAM"
+
+    def open(self, user: Any) -> None:
+        key = id(user)
+        if key in self._users:
+            return
+        self._users[key] = weakref.ref(user, lambda _, key=key: self._release(key))
+        current = getattr(F, _NAME)
+        if not isinstance(current, _Wrapped):
+            self._wrapper = _Wrapped(self, current)
+            setattr(F, _NAME, self._wrapper)
+
+    def close(self, user: Any) -> None:
+        self._release(id(user))
+
+    def _release(self, key: int) -> None:
+        if self._users.pop(key, None) is None or self._users:
+            return
+        current = getattr(F, _NAME, None)
+        if isinstance(current, _Wrapped) and current.seam is self:
+            setattr(F, _NAME, current.fn)  # what is there now: code that wrapped it since keeps its own
+        self._wrapper = None
+        self.clear()
+
+    @property
+    def in_use(self) -> bool:
+        return bool(self._users)
+
+    def arm(self, weights: KeyWeights) -> None:
+        arming = Arming(weights)
+        if torch.compiler.is_compiling():
+            self._traced = arming
+        else:
+            self._thread.armed = arming
+
+    def disarm(self) -> bool:
+        """Clear this call's arming; whether an SDPA call took it."""
+        arming = self._take_slot()
+        return arming is None or arming.taken
+
+    def clear(self) -> None:
+        self._take_slot()
+
+    def _take_slot(self) -> Optional[Arming]:
+        if torch.compiler.is_compiling():
+            arming, self._traced = self._traced, None
+        else:
+            arming, self._thread.armed = self._thread.armed, None
+        return arming
+
+    def _armed(self) -> Optional[Arming]:
+        return self._traced if torch.compiler.is_compiling() else self._thread.armed
+
+
+class _Wrapped:
+    """torch's scaled_dot_product_attention, weighing the keys of an armed call. Named as the function it wraps
+    (torch's own tables, dynamo's among them, read the names of torch.nn.functional's members)."""
+
+    __slots__ = ("seam", "fn", "__wrapped__", "__name__", "__qualname__")
+
+    def __init__(self, seam: SdpaSeam, fn: Callable) -> None:
+        self.seam, self.fn = seam, fn
+        self.__wrapped__ = fn
+        self.__name__ = self.__qualname__ = _NAME
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        arming = self.seam._armed()
+        if arming is None or arming.taken:
+            return self.fn(*args, **kwargs)
+        arming.taken = True  # one attention per arming: an IP-Adapter's second attention stays unweighted
+        return arming.rewrite(self.fn, *args, **kwargs)
+
+
+SDPA_SEAM = SdpaSeam()
