@@ -9,7 +9,7 @@ partial cells at the far edges averaged over the tokens they hold). A video's fr
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 from .backend import Backend
 from .token_merge import TokenMerge
@@ -18,10 +18,26 @@ from .token_merge import TokenMerge
 class KVDownsample:
     """A computed downsampling: maps a block's [B, frames*h*w, C] tokens to [B, frames*ceil(h/f)*ceil(w/f), C]."""
 
-    def __init__(self, xp: Backend, keep: Optional[Any], pool: Optional[TokenMerge], n: int, m: int):
+    def __init__(self, xp: Backend, keep: Optional[Any], pool: Optional[TokenMerge], n: int, m: int,
+                 grid: Tuple[Any, int, int, int, int]):
         self._xp = xp
         self._keep, self._pool = keep, pool
         self.num_tokens, self.num_kept = n, m
+        self._grid = grid  # (a tensor on the device, h, w, factor, frames): each token's cell, when asked
+
+    @property
+    def uniform(self) -> bool:
+        """Whether every kept key stands for as many tokens (the grid divides into whole cells)."""
+        _, h, w, factor, _ = self._grid
+        return all(side % factor == 0 or side <= factor for side in (h, w))  # (one row of cells: all alike)
+
+    @property
+    def inv_counts(self) -> Any:
+        """[1, m, 1]: 1 / the tokens each kept key stands for (its cell's; fewer in the far edges' cells), which
+        proportional attention weighs it by."""
+        xp = self._xp
+        cells = xp.reshape(_cells(xp, *self._grid), [self.num_tokens])
+        return xp.reshape(1.0 / xp.counts(cells, self.num_kept), [1, self.num_kept, 1])
 
     def __call__(self, x: Any) -> Any:
         if self._pool is not None:
@@ -41,6 +57,7 @@ def compute_downsample(
         return None
     hh, ww = -(-h // factor), -(-w // factor)
     n, m = frames * h * w, frames * hh * ww
+    grid = (like, h, w, factor, frames)
     if method == "nearest":
         keep = xp.reshape(
             xp.reshape(xp.arange(frames * h * w, like, step=h * w), [frames, 1, 1])
@@ -48,15 +65,21 @@ def compute_downsample(
             + xp.reshape(xp.arange(w, like, step=factor), [1, 1, ww]),
             [m],
         )
-        return KVDownsample(xp, keep, None, n, m)
+        return KVDownsample(xp, keep, None, n, m, grid)
     if method == "avg":
-        cell = xp.reshape(
-            xp.reshape(xp.arange(frames * hh * ww, like, step=hh * ww), [frames, 1, 1])
-            + xp.reshape((xp.arange(h, like) // factor) * ww, [1, h, 1])
-            + xp.reshape(xp.arange(w, like) // factor, [1, 1, w]),
-            [1, n],
-        )
+        cell = _cells(xp, *grid)
         flat_rows = xp.reshape(cell + xp.reshape(xp.arange(batch * m, like, step=m), [batch, 1]), [batch * n])
         inv_counts = xp.reshape(1.0 / xp.counts(flat_rows, batch * m), [batch, m, 1])
-        return KVDownsample(xp, None, TokenMerge(xp, flat_rows, inv_counts, batch, n, m), n, m)
+        return KVDownsample(xp, None, TokenMerge(xp, flat_rows, inv_counts, batch, n, m), n, m, grid)
     raise ValueError(f"unknown downsample method {method!r}")
+
+
+def _cells(xp: Backend, like: Any, h: int, w: int, factor: int, frames: int) -> Any:
+    """[1, frames*h*w]: each token's cell of the downsampled grid (frame-major, row-major)."""
+    hh, ww = -(-h // factor), -(-w // factor)
+    return xp.reshape(
+        xp.reshape(xp.arange(frames * hh * ww, like, step=hh * ww), [frames, 1, 1])
+        + xp.reshape((xp.arange(h, like) // factor) * ww, [1, h, 1])
+        + xp.reshape(xp.arange(w, like) // factor, [1, 1, w]),
+        [1, frames * h * w],
+    )

@@ -14,9 +14,9 @@ DOWNSAMPLE_METHODS = ("nearest", "avg")
 # What each mode means by default. A field left None takes its mode's default; a field given for a
 # mode that has no use for it is refused (see ToMeArgs.__post_init__).
 _MERGE_DEFAULTS = dict(ratio=0.5, sx=2, sy=2, use_rand=True, merge_attn=True, merge_crossattn=False,
-                       merge_mlp=False, reuse_steps=1, share_across_blocks=False, st=1, bands=1,
-                       proportional_attention=False)
+                       merge_mlp=False, reuse_steps=1, share_across_blocks=False, st=1, bands=1)
 _DOWNSAMPLE_DEFAULTS = dict(downsample_factor=2, downsample_method="nearest")
+_COMMON_DEFAULTS = dict(proportional_attention=False)  # either mode
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,8 @@ class ToMeArgs:
     # the whole grid. Under context parallelism the ranks' bands apply whatever this says.
     bands: Optional[int] = None
     # Proportional attention (ToMe for ViTs): a merged key weighs as the tokens it holds (log(size) on its attention
-    # scores), text and unmerged keys as 1. False: ToMe for SD's attention, where a merged key counts as one.
+    # scores), text and unmerged keys as 1; in downsample mode a pooled key as the tokens of its cell. False: ToMe
+    # for SD's attention, where a merged key counts as one.
     proportional_attention: Optional[bool] = None
 
     def __post_init__(self) -> None:
@@ -89,9 +90,11 @@ class ToMeArgs:
                    "downsamples self-attention's keys and values" if self.mode == "downsample"
                    else "downsample_factor and downsample_method belong to mode='downsample'")
             )
-        for name, default in own.items():
+        for name, default in {**own, **_COMMON_DEFAULTS}.items():
             if getattr(self, name) is None:
                 object.__setattr__(self, name, default)
+        if not isinstance(self.proportional_attention, bool):
+            raise ValueError(f"proportional_attention must be True or False, got {self.proportional_attention!r}")
         if self.max_downsample is not None and (not _is_int(self.max_downsample) or self.max_downsample < 1):
             raise ValueError(
                 f"max_downsample must be a positive int (1, 2, 4 or 8 for SD) or None, got {self.max_downsample!r}"
@@ -171,8 +174,7 @@ class ToMeArgs:
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"{name} must be a positive int (the dst stride in tokens), got {value!r}")
-        for name in ("use_rand", "merge_attn", "merge_crossattn", "merge_mlp", "share_across_blocks",
-                     "proportional_attention"):
+        for name in ("use_rand", "merge_attn", "merge_crossattn", "merge_mlp", "share_across_blocks"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.seed is not None and not _is_int(self.seed):

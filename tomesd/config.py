@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping, Optional, Sequence, Tuple, Union
 
 from tome_core import ToMeArgs
-from tome_core.schedule import _DOWNSAMPLE_DEFAULTS, _MERGE_DEFAULTS
+from tome_core.schedule import _COMMON_DEFAULTS, _DOWNSAMPLE_DEFAULTS, _MERGE_DEFAULTS
 
 
 class _Config:
@@ -63,7 +63,7 @@ class ToMeConfig(_Config):
     """
 
     mode: ClassVar[str] = "merge"
-    DEFAULTS: ClassVar[Mapping[str, Any]] = types.MappingProxyType(dict(_MERGE_DEFAULTS))
+    DEFAULTS: ClassVar[Mapping[str, Any]] = types.MappingProxyType({**_MERGE_DEFAULTS, **_COMMON_DEFAULTS})
 
     ratio: Optional[Union[float, Mapping[str, float]]] = None
     max_downsample: Optional[int] = None
@@ -87,17 +87,18 @@ class ToMeConfig(_Config):
 class ToDoConfig(_Config):
     """mode="downsample": self-attention's keys and values from the block's token grid downsampled by
     downsample_factor per side. None takes the default in `ToDoConfig.DEFAULTS`: downsample_factor 2,
-    downsample_method "nearest"; max_downsample None (the finest level that has attention), blocks
+    downsample_method "nearest", proportional_attention False; max_downsample None (the finest level that has attention), blocks
     None (every block).
     """
 
     mode: ClassVar[str] = "downsample"
-    DEFAULTS: ClassVar[Mapping[str, Any]] = types.MappingProxyType(dict(_DOWNSAMPLE_DEFAULTS))
+    DEFAULTS: ClassVar[Mapping[str, Any]] = types.MappingProxyType({**_DOWNSAMPLE_DEFAULTS, **_COMMON_DEFAULTS})
 
     downsample_factor: Optional[int] = None
     downsample_method: Optional[str] = None
     max_downsample: Optional[int] = None
     blocks: Optional[Sequence[int]] = None
+    proportional_attention: Optional[bool] = None
 
 
 CONFIGS = (ToMeConfig, ToDoConfig)

@@ -434,11 +434,13 @@ def test_downsample_keeps_each_cells_first_token_or_its_mean_as_the_loop(fw, met
     x = gen.standard_normal((b, frames * h * w, 5))
     hh, ww = -(-h // factor), -(-w // factor)
     expected = np.zeros((b, frames * hh * ww, 5))
+    sizes = [0] * (frames * hh * ww)
     for f in range(frames):
         for cy in range(hh):
             for cx in range(ww):
                 cell = [f * h * w + y * w + c for y in range(cy * factor, min(h, cy * factor + factor))
                         for c in range(cx * factor, min(w, cx * factor + factor))]
+                sizes[(f * hh + cy) * ww + cx] = len(cell)
                 for i in range(b):
                     rows = [x[i, t].tolist() for t in cell]
                     expected[i, (f * hh + cy) * ww + cx] = (
@@ -447,6 +449,9 @@ def test_downsample_keeps_each_cells_first_token_or_its_mean_as_the_loop(fw, met
     out = fw.numpy(down(fw.tensor(x)))
     assert down.num_kept == frames * hh * ww and out.shape == expected.shape and out.dtype == x.dtype
     np.testing.assert_allclose(out, expected, rtol=0, atol=TOL)  # means use float32 inverse counts
+    # Proportional attention weighs each kept key as its cell's tokens; whole cells everywhere weigh alike.
+    np.testing.assert_allclose(fw.numpy(down.inv_counts).reshape(-1), 1 / np.array(sizes), rtol=1e-6)
+    assert down.uniform == (len(set(sizes)) == 1)
     assert compute_downsample(fw.xp, fw.tensor(x), b, w, h, 1, method, frames) is None
 
 

@@ -63,7 +63,8 @@ def family(request):
 
 
 def _patched(family, model, **extra):
-    return tomesd.apply_patch(model, **{**(family.patch or dict(ratio=0.5)), **extra})
+    base = {} if extra.get("mode") == "downsample" else (family.patch or dict(ratio=0.5))
+    return tomesd.apply_patch(model, **{**base, **extra})
 
 
 def _silent_text(inputs):
@@ -83,11 +84,19 @@ class _Recorder:
         return self.fn(query, key, value, **kwargs)
 
 
-def test_each_merged_attention_weighs_its_image_keys_by_size_and_its_text_keys_by_one(family, unpatch):
+@pytest.mark.parametrize("mode", ["merge", "downsample"])
+def test_each_merged_attention_weighs_its_image_keys_by_size_and_its_text_keys_by_one(family, mode, unpatch):
     family, model = family
     inputs = _silent_text(family.inputs(model, batch=2, seed=3))
-    plain = (_patched(family, model), family.run(model, inputs), tomesd.remove_patch(model))[1]
-    _patched(family, model, proportional_attention=True)
+    setting = {} if mode == "merge" else dict(mode="downsample")  # (the family's merge arguments left out)
+    try:
+        plain = (_patched(family, model, **setting), family.run(model, inputs), tomesd.remove_patch(model))[1]
+    except ValueError as refusal:  # a kind that refuses downsampling (CogVideoX) refuses it weighed too
+        assert mode == "downsample" and "use mode='merge'" in str(refusal)
+        with pytest.raises(ValueError, match="use mode='merge'"):
+            _patched(family, model, proportional_attention=True, **setting)
+        return
+    _patched(family, model, proportional_attention=True, **setting)
     unpatch(model)
     wrapper = F.scaled_dot_product_attention
     recorder = wrapper.fn = _Recorder(wrapper.fn)
@@ -96,10 +105,12 @@ def test_each_merged_attention_weighs_its_image_keys_by_size_and_its_text_keys_b
             out = family.run(model, inputs)
     finally:
         wrapper.fn = recorder.fn
-    assert (out - plain).abs().max() > 1e-4  # the weights change the output
+    if mode == "merge" or recorder.weighed:  # (whole downsampling cells over image keys alone weigh alike: no call)
+        assert (out - plain).abs().max() > 1e-4  # the weights change the output
     # Tokens merged away at each merged attention site (a span's record counts its text too).
+    site = "attn" if mode == "merge" else "downsample"
     sites = sorted(n - m for call in seen.calls for block in call.blocks.values()
-                   for n, m in block.sites.get("attn", []) if m < n)
+                   for n, m in block.sites.get(site, []) if m < n)
     weighed = []
     for query, key, scale in recorder.weighed:
         head = int((query == 1).all(dim=(0, 1, 2)).nonzero()[-1])  # the channel of ones the seam added
@@ -113,6 +124,9 @@ def test_each_merged_attention_weighs_its_image_keys_by_size_and_its_text_keys_b
         sizes = bias[~text].exp()
         assert torch.allclose(sizes, sizes.round(), atol=1e-4) and sizes.min() >= 1 - 1e-4
         weighed.append(int(sizes.sum().round()) - len(sizes))
+    if mode == "downsample" and family.name in ("sd1-unet", "pixart", "unet3d", "wan", "chronoedit"):
+        assert weighed == []  # image keys alone, in whole cells: the weights would cancel, SDPA runs as it came
+        return
     assert sorted(weighed) == sites  # one weighed SDPA per merged attention: its image keys hold every token
 
 
@@ -183,5 +197,52 @@ def test_proportional_attention_is_a_merge_setting():
         tomesd.ToMeConfig(proportional_attention="yes")
     from tome_core import ToMeArgs
 
-    with pytest.raises(ValueError, match="proportional_attention has no meaning with mode='downsample'"):
-        ToMeArgs(mode="downsample", proportional_attention=True)
+    assert ToMeArgs(mode="downsample", proportional_attention=True).proportional_attention
+    with pytest.raises(ValueError, match="proportional_attention must be True or False"):
+        ToMeArgs(mode="downsample", proportional_attention=1)
+
+
+def test_the_original_ldm_code_computes_its_own_softmax_and_is_refused_at_the_first_call(unpatch):
+    import tiny_torch as T
+
+    model = T.ldm_model()
+    tomesd.apply_patch(model, ratio=0.5, proportional_attention=True)
+    unpatch(model)
+    x, t, text = T.unet_inputs()
+    with pytest.raises(RuntimeError, match="CrossAttention ran on merged tokens.*turn proportional_attention off"):
+        with torch.no_grad():
+            model.model.diffusion_model(x, t.expand(2), context=text)
+    assert F.scaled_dot_product_attention is not SDPA  # the patch stays (and weighs where it can) until removed
+
+
+def test_context_parallelism_is_refused_at_the_first_call_that_reveals_it(unpatch):
+    from types import SimpleNamespace
+
+    from tomesd.adapters import guards
+    from tomesd.adapters.runtime import PATCH_ATTR
+
+    family = FAMILIES["flux"]
+    model = family.build().eval()
+    _patched(family, model, proportional_attention=True)
+    unpatch(model)
+    with pytest.raises(ValueError, match="proportional_attention does not run under context parallelism"):
+        guards.check_context_split(getattr(model, PATCH_ATTR), SimpleNamespace(count=2, index=0))
+
+
+@pytest.mark.parametrize("kind, cache", [("flux", "pab"), ("flux", "fbc"), ("sd3", "taylorseer"), ("wan", "magcache")])
+def test_weighed_merging_stacks_with_step_caches(kind, cache):
+    """A cache that skips an attention skips its arming with it: the loop runs, the weights act where it computes."""
+    import step_caches as S
+
+    outputs = {}
+    for weighed in (False, True):
+        net = S.model(kind).eval()
+        tomesd.apply_patch(net, ratio=0.5, proportional_attention=weighed)
+        S.apply(net, kind, cache)
+        try:
+            outputs[weighed], computed, _ = S.loop(kind, net)
+        finally:
+            tomesd.remove_patch(net)
+            S.remove(net, cache)
+        assert min(map(len, computed)) < max(map(len, computed))  # the cache skipped attentions at some steps
+    assert max((a - b).abs().max().item() for a, b in zip(outputs[True], outputs[False])) > 1e-4

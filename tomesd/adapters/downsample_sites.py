@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from . import key_weights
 from .guards import FUSED_QKV, MASKED_DOWNSAMPLE, fused
 from .signatures import InputSpec
 from .sites import SiteHook
@@ -34,15 +35,16 @@ class DownsampleContext(SiteHook):
         x = self.tokens.get(args, kwargs)
         small = self._timed("downsample", down, x)
         self._record("downsample", x, small)
+        weigh_downsampled(self.patch, down, False)
         return self.context.replace(args, kwargs, small)
 
 
 class DownsampleProjection(SiteHook):
     """A key or value projection of image tokens: it projects the downsampled grid instead."""
 
-    def __init__(self, patch: Any, index: int, attention: Any, name: str) -> None:
+    def __init__(self, patch: Any, index: int, attention: Any, name: str, image_keys_first: bool = False) -> None:
         super().__init__(patch, index)
-        self.attention, self.name = attention, name
+        self.attention, self.name, self.image_keys_first = attention, name, image_keys_first
 
     def pre(self, module: Any, args: tuple, kwargs: dict) -> Any:
         down = self.patch.current_merge(self.index, args[0] if args else kwargs.get("input"))
@@ -68,6 +70,7 @@ class DownsampleProjection(SiteHook):
             if call is not None:
                 call.shared["projected"] = (x, small)
             self._record("downsample", x, small)  # once per attention: to_v reuses to_k's
+            weigh_downsampled(self.patch, down, self.image_keys_first)
         return ((small,) + args[1:], kwargs) if args else (args, {**kwargs, "input": small})
 
 
@@ -84,6 +87,7 @@ class DownsampleDispatch(SiteHook):
         down = self.patch.current_merge(self.index, self.tokens.get(args, kwargs))
         if down is not None:
             self.patch.seam.arm(lambda backend_kwargs: self._shrink(down, backend_kwargs))
+            weigh_downsampled(self.patch, down, False)
 
     def post(self, module: Any, args: tuple, output: Any) -> None:
         if not self.patch.seam.disarm():
@@ -123,3 +127,17 @@ def _shrink_tail(xp: Any, down: Any, x: Any, n: int) -> Any:
     image = down(xp.reshape(x[:, s - n:], [b, n, heads * dim]))
     image = xp.reshape(image, [b, down.num_kept, heads, dim])
     return image if s == n else xp.concat([x[:, :s - n], image], 1)
+
+
+def weigh_downsampled(patch: Any, down: Any, image_keys_first: bool) -> None:
+    """Proportional attention in downsample mode: each kept key weighs as the tokens of its cell."""
+    if patch.key_seam is not None:
+        key_weights.arm(patch, down, image_keys_first)
+
+
+class CheckWeighed(SiteHook):
+    """After a downsampled self-attention under proportional attention: its SDPA call took the weights."""
+
+    def post(self, module: Any, args: tuple, output: Any) -> None:
+        if self.patch.key_seam is not None:
+            key_weights.check_weighed(self.patch, module)

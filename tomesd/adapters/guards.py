@@ -125,12 +125,12 @@ def validate(patch: Any) -> None:
             f"blocks chooses blocks of a diffusion transformer by index; {name} is a UNet, whose blocks "
             f"are chosen by max_downsample"
         )
-    if args.mode == "downsample":
-        _validate_downsample(patch)
-        return
     if args.proportional_attention and getattr(patch.host, "key_weight_seam", None) is None:
         raise ValueError(f"proportional_attention weighs merged keys inside torch's scaled_dot_product_attention, and "
                          f"{name} runs on another framework here; apply_patch with proportional_attention=False")
+    if args.mode == "downsample":
+        _validate_downsample(patch)
+        return
     if args.bands > 1 and not layout.bands:
         raise ValueError(
             f"bands has no meaning on {name}: the band rule splits one token grid, as context parallelism splits "

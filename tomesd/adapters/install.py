@@ -9,7 +9,7 @@ from typing import Any, Tuple
 from . import guards
 from .kinds import BlockKind, Span, sublayer
 from .signatures import CONTEXT, MASK, TOKENS, InputSpec
-from .downsample_sites import DownsampleContext, DownsampleDispatch, DownsampleProjection
+from .downsample_sites import CheckWeighed, DownsampleContext, DownsampleDispatch, DownsampleProjection
 from .key_weights import WeighSpanKeys, open_key_seam, weighs
 from .sites import MergeSite, SpanEnd, SpanInterior, SpanRotary, SpanStart
 
@@ -43,6 +43,9 @@ def install_downsample(patch: Any, index: int, block: Any, kind: BlockKind) -> N
         attn = getattr(block, way.attention, None)
         if attn is None:
             continue
+        if patch.args.proportional_attention:
+            open_key_seam(patch)
+            around(patch, attn, None, CheckWeighed(patch, index).post)
         if way.via == "context":
             hook = DownsampleContext(patch, index, InputSpec.find(attn, TOKENS, first_positional=True),
                                      InputSpec.find(attn, CONTEXT, first_positional=False), _mask_spec(attn))
@@ -52,8 +55,9 @@ def install_downsample(patch: Any, index: int, block: Any, kind: BlockKind) -> N
             hook = DownsampleDispatch(patch, index, way.attention, InputSpec.find(attn, TOKENS, first_positional=True))
             around(patch, attn, hook.pre, hook.post)
         else:
+            first = any(layer.image_keys_first for layer in kind.sublayers if layer.name == way.attention)
             for projection in guards.KV_PROJECTIONS:
-                hook = DownsampleProjection(patch, index, attn, projection)
+                hook = DownsampleProjection(patch, index, attn, projection, first)
                 add_hook(patch, getattr(attn, projection), host.add_pre_hook, hook.pre)
 
 
@@ -117,21 +121,22 @@ def install_merge(patch: Any, index: int, block: Any, kind: BlockKind) -> None:
             else:  # around the attention's own forward, where an arming of the dispatch belongs
                 around(patch, inner, rotary.pre, rotary.post)
         if weighs(patch, span.flag):
-            _weigh_span(patch, index, block, span, start, ends[0])
+            _weigh_span(patch, index, block, span, start, ends)
         seat_span_cache(patch, index, span)
 
 
-def _weigh_span(patch: Any, index: int, block: Any, span: Span, start: Any, end: Any) -> None:
+def _weigh_span(patch: Any, index: int, block: Any, span: Span, start: Any, ends: list) -> None:
     """Proportional attention inside a span: armed around the module that calls the attention, else from the
-    span's start (after its merge) to its first end."""
+    span's start (after its merge) to its first end, for one attention per end."""
     open_key_seam(patch)
-    hook = WeighSpanKeys(patch, index, span)
     called = sublayer(block, span.attention_call) if span.attention_call is not None else None
     if called is not None:
+        hook = WeighSpanKeys(patch, index, span)
         around(patch, called, hook.pre, hook.post)
     else:
+        hook = WeighSpanKeys(patch, index, span, uses=len(ends))
         add_hook(patch, start, patch.host.add_post_hook, hook.pre)
-        add_hook(patch, end, patch.host.add_post_hook, hook.post)
+        add_hook(patch, ends[0], patch.host.add_post_hook, hook.post)
 
 
 def seat_span_cache(patch: Any, index: int, span: Span) -> None:

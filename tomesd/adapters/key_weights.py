@@ -25,9 +25,10 @@ def open_key_seam(patch: Any) -> None:
         patch.key_seam.open(patch)
 
 
-def arm(patch: Any, merge: Any, image_keys_first: bool) -> None:
-    """The next SDPA call weighs the merged keys of `merge` (each merged row's size, from its inverse count)."""
-    patch.key_seam.arm(patch.host.key_weights(merge.inv_counts, image_keys_first))
+def arm(patch: Any, merge: Any, image_keys_first: bool, uses: int = 1) -> None:
+    """The next `uses` SDPA calls weigh the merged keys of `merge` (each merged row's size, from its inverse count)."""
+    weights = patch.host.key_weights(merge.inv_counts, image_keys_first, getattr(merge, "uniform", False))
+    patch.key_seam.arm(weights, uses)
 
 
 def check_weighed(patch: Any, where: Any) -> None:
@@ -37,22 +38,25 @@ def check_weighed(patch: Any, where: Any) -> None:
         raise RuntimeError(
             f"ToMe's proportional attention weighs merged keys in torch's scaled_dot_product_attention, but "
             f"{type(where).__name__} ran on merged tokens and {how} made no call of it (its own softmax, xformers, "
-            f"or an attention backend other than diffusers' 'native'); apply_patch with proportional_attention=False, "
-            f"or set an SDPA processor / the native attention backend")
+            f"sub-quadratic or sage attention, a flash-attn backend); turn proportional_attention off, or run the "
+            f"attention through torch's SDPA (diffusers: an SDPA processor or the 'native' attention backend; "
+            f"ComfyUI: --use-pytorch-cross-attention)")
 
 
 class WeighSpanKeys:
     """A span's attention (kinds.Span) weighs its keys: armed around the module whose forward calls it
-    (`attention_call`), or from the span's start to its first end where the attention is a function."""
+    (`attention_call`), or from the span's start to its first end where attention is a function: one attention
+    per end (ComfyUI's SD3.5 block computes its joint and its image self-attention before either output
+    projection)."""
 
-    def __init__(self, patch: Any, index: int, span: Span) -> None:
-        self.patch, self.index, self.span = patch, index, span
+    def __init__(self, patch: Any, index: int, span: Span, uses: int = 1) -> None:
+        self.patch, self.index, self.span, self.uses = patch, index, span, uses
 
     def pre(self, module: Any, *_: Any) -> None:
         merge = self.patch.site_merge(self.index, self.span.flag)
         if merge is not None:
-            arm(self.patch, merge, False)
+            arm(self.patch, merge, False, self.uses)
 
     def post(self, module: Any, *_: Any) -> None:
         if self.patch.site_merge(self.index, self.span.flag) is not None:
-            check_weighed(self.patch, module)
+            check_weighed(self.patch, module if self.span.attention_call is not None else self.patch.blocks[self.index])

@@ -156,9 +156,9 @@ class TorchHost:
         """torch's scaled_dot_product_attention, where proportional attention weighs merged keys (torch_sdpa.py)."""
         return torch_sdpa.SDPA_SEAM
 
-    def key_weights(self, inv_counts: torch.Tensor, image_keys_first: bool) -> Any:
+    def key_weights(self, inv_counts: torch.Tensor, image_keys_first: bool, uniform: bool = False) -> Any:
         """One attention's weights: log of each merged row's token count ([B, M, 1] inverse counts)."""
-        return torch_sdpa.KeyWeights(-torch.log(inv_counts[..., 0]), image_keys_first)
+        return torch_sdpa.KeyWeights(-torch.log(inv_counts[..., 0]), image_keys_first, uniform)
 
     def on_local_tokens(self, fn: Callable[[Any], Any], x: Any) -> Any:
         """`fn` (a merge or unmerge along the tokens) on `x`, or on a DTensor's local tensor (tensor parallelism)."""

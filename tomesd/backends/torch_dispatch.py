@@ -11,33 +11,18 @@ one did (`disarm`). A rotary embedding acts on each token alone, so keeping rows
 rotating the kept rows: the host's processor runs unchanged.
 
 Unarmed, a wrapper passes the call through as it came, so other models in the process see the backend they
-had. The wrappers go when the last patch using them is removed. The armed slot is per thread in eager mode
-and a plain attribute while a graph compiler traces (thread-locals break graphs), as calls.py keeps calls.
+had. The wrappers go when the last patch using them is removed (torch_seam.py: users, the armed slot).
 """
 from __future__ import annotations
 
 import sys
-import threading
-import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 
+from .torch_seam import Seam
+
 KeyValues = Callable[[Dict[str, Any]], Dict[str, Any]]
-
-
-class Arming:
-    """One attention call's rewrite of the backend's keyword arguments, and whether a backend call took it."""
-
-    __slots__ = ("rewrite", "taken")
-
-    def __init__(self, rewrite: KeyValues) -> None:
-        self.rewrite, self.taken = rewrite, False
-
-
-class _ThreadSlot(threading.local):
-    def __init__(self) -> None:
-        self.armed: Optional[Arming] = None
 
 
 def _registry() -> Any:
@@ -53,31 +38,19 @@ def available() -> bool:
     return _registry() is not None and hasattr(_registry(), "_backends")
 
 
-class DispatchSeam:
-    """The wrapped backends of this process: one instance, shared by every patch that downsamples there."""
+class DispatchSeam(Seam):
+    """The wrapped backends of this process: one instance, shared by every patch that uses them."""
 
     def __init__(self) -> None:
-        self._thread = _ThreadSlot()
-        self._traced: Optional[Arming] = None
-        # The patches using the seam, by weak reference: a patched model's copy that is dropped without
-        # remove_patch stops counting when it is collected, so the wrappers still go with the last user.
-        self._users: Dict[int, "weakref.ref[Any]"] = {}
+        super().__init__()
         # Called eagerly with (image keys before, after) at each downsampling: the benchmark's token count.
         self.observers: List[Callable[[int, int], None]] = []
 
     def __reduce__(self) -> str:  # a copied patch shares the process's seam
         return "SEAM"
 
-    # ---- users ----
-    def open(self, user: Any) -> None:
-        """`user` (a patch) starts to use the seam: wrap every registered backend (on the first user)."""
-        key = id(user)
-        if key in self._users:
-            return
-        first = not self._users
-        self._users[key] = weakref.ref(user, lambda _, key=key: self._release(key))
-        if first:
-            self.cover_new_backends()
+    def _wrap(self) -> None:
+        self.cover_new_backends()
 
     def cover_new_backends(self) -> None:
         """Wrap every registered backend not wrapped yet: at the first user, and at each call's entry (eagerly),
@@ -90,17 +63,12 @@ class DispatchSeam:
             if not isinstance(fn, _Wrapped):
                 backends[name] = _Wrapped(self, fn)
 
-    def close(self, user: Any) -> None:
-        """`user` is done with the seam: the last one unwraps every wrapper of ours that holds a backend's place.
-        It unwraps what is there now, never a function recorded at wrapping: code that put its own function in
-        a backend's place while the seam was open (and that was wrapped in turn at a root's entry) may have put
-        the earlier one back since, and a recorded function would bring a stale one back to life. A backend
-        registered again since keeps the new function."""
-        self._release(id(user))
-
-    def _release(self, key: int) -> None:
-        if self._users.pop(key, None) is None or self._users:
-            return
+    def _unwrap(self) -> None:
+        """Unwrap every wrapper of ours that holds a backend's place. It unwraps what is there now, never a
+        function recorded at wrapping: code that put its own function in a backend's place while the seam was
+        open (and that was wrapped in turn at a root's entry) may have put the earlier one back since, and a
+        recorded function would bring a stale one back to life. A backend registered again since keeps the new
+        function."""
         registry = _registry()
         if registry is None:  # the interpreter is shutting down (a user collected at exit)
             return
@@ -108,38 +76,6 @@ class DispatchSeam:
         for name, current in list(backends.items()):
             if isinstance(current, _Wrapped) and current.seam is self:
                 backends[name] = current.fn
-        self.clear()
-
-    @property
-    def in_use(self) -> bool:
-        return bool(self._users)
-
-    # ---- one attention call ----
-    def arm(self, rewrite: KeyValues) -> None:
-        arming = Arming(rewrite)
-        if torch.compiler.is_compiling():
-            self._traced = arming
-        else:
-            self._thread.armed = arming
-
-    def disarm(self) -> bool:
-        """Clear this call's arming; whether a backend call took it."""
-        arming = self._take_slot()
-        return arming is None or arming.taken
-
-    def clear(self) -> None:
-        """Drop an arming left by an attention call that raised (the root's exit calls this)."""
-        self._take_slot()
-
-    def _take_slot(self) -> Optional[Arming]:
-        if torch.compiler.is_compiling():
-            arming, self._traced = self._traced, None
-        else:
-            arming, self._thread.armed = self._thread.armed, None
-        return arming
-
-    def _armed(self) -> Optional[Arming]:
-        return self._traced if torch.compiler.is_compiling() else self._thread.armed
 
 
 class _Wrapped:
@@ -153,9 +89,8 @@ class _Wrapped:
         self.__wrapped__ = fn
 
     def __call__(self, **kwargs: Any) -> Any:
-        arming = self.seam._armed()
-        if arming is not None and not arming.taken:
-            arming.taken = True  # one attention per arming: an IP-Adapter's second attention stays whole
+        arming = self.seam.armed()
+        if arming is not None and arming.take():  # one attention per arming: an IP-Adapter's second stays whole
             kwargs = arming.rewrite(kwargs)
         return self.fn(**kwargs)
 

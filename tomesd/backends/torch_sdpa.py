@@ -12,19 +12,17 @@ PixArt processors, and its attention dispatch's "native" backend, which Flux and
 While a patch needs it, `torch.nn.functional.scaled_dot_product_attention` is replaced by a wrapper that passes
 every unarmed call through as it came; the attention module's hook arms it for its own call (`arm`), the first
 SDPA call inside takes the weights, and the module's post-hook checks that one did (`disarm`). The wrapper goes
-when the last patch using it is removed. As torch_dispatch.py's seam: per thread in eager mode, a plain
-attribute while a graph compiler traces.
+when the last patch using it is removed (torch_seam.py: users, the armed slot).
 """
 from __future__ import annotations
 
 import math
-import weakref
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
 
-from .torch_dispatch import Arming, _ThreadSlot
+from .torch_seam import Seam
 
 _NAME = "scaled_dot_product_attention"
 
@@ -33,10 +31,12 @@ class KeyWeights:
     """One attention call's merged keys: `log_sizes` [B, M] (log of the tokens each merged key holds), which sit
     first in the key sequence (`first`, SD3's [image, text]) or last (alone, or after text: Flux's [text, image])."""
 
-    __slots__ = ("log_sizes", "first")
+    __slots__ = ("log_sizes", "first", "uniform")
 
-    def __init__(self, log_sizes: torch.Tensor, first: bool) -> None:
-        self.log_sizes, self.first = log_sizes, first
+    def __init__(self, log_sizes: torch.Tensor, first: bool, uniform: bool = False) -> None:
+        # uniform: every merged key holds as many tokens (full downsampling cells), so over those keys alone the
+        # weights cancel in the softmax and the call runs as it came.
+        self.log_sizes, self.first, self.uniform = log_sizes, first, uniform
 
     def __call__(self, fn: Callable, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0, is_causal: bool = False,
@@ -46,6 +46,8 @@ class KeyWeights:
                              "scaled_dot_product_attention, which here got an attention mask (or is_causal); "
                              "apply_patch with proportional_attention=False")
         batch, length, merged = key.shape[0], key.shape[-2], self.log_sizes.shape[-1]
+        if self.uniform and length == merged and attn_mask is None and not is_causal:
+            return fn(query, key, value, dropout_p=dropout_p, scale=scale, **rest)
         if key.dim() != 4 or length < merged or self.log_sizes.shape[0] not in (1, batch):
             raise ValueError(f"ToMe's proportional attention has weights for {self.log_sizes.shape[0]} samples of "
                              f"{merged} merged keys; the attention's keys are {list(key.shape)} ([B, heads, S, D] "
@@ -65,68 +67,23 @@ class KeyWeights:
         return out[..., :width]
 
 
-class SdpaSeam:
-    """The process's wrapped scaled_dot_product_attention: one instance, shared by every patch that weighs keys."""
-
-    def __init__(self) -> None:
-        self._thread = _ThreadSlot()
-        self._traced: Optional[Arming] = None
-        self._users: Dict[int, "weakref.ref[Any]"] = {}
-        self._wrapper: Optional[_Wrapped] = None
+class SdpaSeam(Seam):
+    """The process's wrapped scaled_dot_product_attention: one instance, shared by every patch that weighs keys.
+    An arming may be for several calls (a span whose merged tokens meet several attentions: SD3.5's second
+    self-attention in ComfyUI's MMDiT)."""
 
     def __reduce__(self) -> str:  # a copied patch shares the process's seam
         return "SDPA_SEAM"
 
-    def open(self, user: Any) -> None:
-        key = id(user)
-        if key in self._users:
-            return
-        self._users[key] = weakref.ref(user, lambda _, key=key: self._release(key))
+    def _wrap(self) -> None:
         current = getattr(F, _NAME)
         if not isinstance(current, _Wrapped):
-            self._wrapper = _Wrapped(self, current)
-            setattr(F, _NAME, self._wrapper)
+            setattr(F, _NAME, _Wrapped(self, current))
 
-    def close(self, user: Any) -> None:
-        self._release(id(user))
-
-    def _release(self, key: int) -> None:
-        if self._users.pop(key, None) is None or self._users:
-            return
+    def _unwrap(self) -> None:
         current = getattr(F, _NAME, None)
         if isinstance(current, _Wrapped) and current.seam is self:
             setattr(F, _NAME, current.fn)  # what is there now: code that wrapped it since keeps its own
-        self._wrapper = None
-        self.clear()
-
-    @property
-    def in_use(self) -> bool:
-        return bool(self._users)
-
-    def arm(self, weights: KeyWeights) -> None:
-        arming = Arming(weights)
-        if torch.compiler.is_compiling():
-            self._traced = arming
-        else:
-            self._thread.armed = arming
-
-    def disarm(self) -> bool:
-        """Clear this call's arming; whether an SDPA call took it."""
-        arming = self._take_slot()
-        return arming is None or arming.taken
-
-    def clear(self) -> None:
-        self._take_slot()
-
-    def _take_slot(self) -> Optional[Arming]:
-        if torch.compiler.is_compiling():
-            arming, self._traced = self._traced, None
-        else:
-            arming, self._thread.armed = self._thread.armed, None
-        return arming
-
-    def _armed(self) -> Optional[Arming]:
-        return self._traced if torch.compiler.is_compiling() else self._thread.armed
 
 
 class _Wrapped:
@@ -141,10 +98,9 @@ class _Wrapped:
         self.__name__ = self.__qualname__ = _NAME
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        arming = self.seam._armed()
-        if arming is None or arming.taken:
+        arming = self.seam.armed()
+        if arming is None or not arming.take():  # the attentions an arming is for: an IP-Adapter's extra stays
             return self.fn(*args, **kwargs)
-        arming.taken = True  # one attention per arming: an IP-Adapter's second attention stays unweighted
         return arming.rewrite(self.fn, *args, **kwargs)
 
 

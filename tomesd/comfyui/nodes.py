@@ -135,6 +135,9 @@ class ToMe:
                 "ratio_schedule": ("STRING", {"default": "", "tooltip": (
                     f"Instead of ratio: 'share:ratio, ...', e.g. '0:0.6, 0.5:0.3' (from 0 on 0.6, from half the "
                     f"steps on 0.3); each ratio up to {MAX_RATIO:g}.")}),
+                "proportional_attention": ("BOOLEAN", {"default": False, "tooltip": (
+                    "A merged key weighs in attention as the tokens it holds: much closer to the model without "
+                    "merging. Needs ComfyUI's pytorch attention (the default on NVIDIA GPUs).")}),
             },
         }
 
@@ -144,10 +147,12 @@ class ToMe:
     DESCRIPTION = __doc__
 
     def patch(self, model: Any, ratio: float, crossattn_ratio: float, mlp_ratio: float, levels: str, blocks: str,
-              use_rand: bool, reuse_steps: int, start: float, stop: float, ratio_schedule: str = "") -> Tuple[Any]:
+              use_rand: bool, reuse_steps: int, start: float, stop: float, ratio_schedule: str = "",
+              proportional_attention: bool = False) -> Tuple[Any]:
         with refusals("ToMe"):
             settings = _merge_settings(ratio, crossattn_ratio, mlp_ratio, reuse_steps, ratio_schedule)
-            args = _args("merge", levels, blocks, use_rand=use_rand, **settings)
+            args = _args("merge", levels, blocks, use_rand=use_rand, proportional_attention=proportional_attention,
+                         **settings)
 
             def check(facts: ModelFacts) -> None:
                 check_where(facts, levels, blocks, args.blocks)

@@ -67,6 +67,8 @@ SD3_SETTINGS = [
     Setting("downsample f=3 nearest", dict(mode="downsample", downsample_factor=3)),
     Setting("downsample f=4 nearest", dict(mode="downsample", downsample_factor=4)),
     Setting("downsample f=4 avg", dict(mode="downsample", downsample_factor=4, downsample_method="avg")),
+    Setting("downsample f=2 nearest prop", dict(mode="downsample", proportional_attention=True)),
+    Setting("downsample f=2 avg prop", dict(mode="downsample", downsample_method="avg", proportional_attention=True)),
     # The band rule: what each rank of a 2- or 4-way context-parallel run merges (bands of 16 or 8 patch rows).
     Setting("ToMe r=0.5 bands=2", dict(ratio=0.5, bands=2)),
     Setting("ToMe r=0.5 bands=4", dict(ratio=0.5, bands=4)),
