@@ -122,3 +122,20 @@ def test_the_link_leaves_the_module_as_it_was():
     for m in net.modules():
         assert vars(m).keys() == before[id(m)].keys()
         assert all(vars(m)[k] is v for k, v in before[id(m)].items() if k in ("forward", "_old_forward"))
+
+
+@pytest.mark.parametrize("kind, cache", [("flux", "pab"), ("flux", "fbc"), ("sd3", "taylorseer"), ("wan", "magcache")])
+def test_weighed_merging_stacks_with_step_caches(kind, cache):
+    """A cache that skips an attention skips its arming with it: the loop runs, the weights act where it computes."""
+    outputs = {}
+    for weighed in (False, True):
+        net = S.model(kind).eval()
+        tomesd.apply_patch(net, ratio=0.5, proportional_attention=weighed)
+        S.apply(net, kind, cache)
+        try:
+            outputs[weighed], computed, _ = S.loop(kind, net)
+        finally:
+            tomesd.remove_patch(net)
+            S.remove(net, cache)
+        assert min(map(len, computed)) < max(map(len, computed))  # the cache skipped attentions at some steps
+    assert max((a - b).abs().max().item() for a, b in zip(outputs[True], outputs[False])) > 1e-4

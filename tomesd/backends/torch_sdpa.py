@@ -54,7 +54,7 @@ class KeyWeights:
                              f"expected); apply_patch with proportional_attention=False")
         size = query.shape[-1]
         scale = 1.0 / math.sqrt(size) if scale is None else scale
-        pad = 8 - size % 8 if query.is_cuda else 1  # the extra channel, plus zeros to the fused kernels' multiple
+        pad = channels(size, query.device)
         bias = (self.log_sizes / scale).to(key.dtype)
         bias = F.pad(bias, (0, length - merged) if self.first else (length - merged, 0))  # text keys weigh 1
         bias = bias.reshape(bias.shape[0], 1, length, 1).expand(*key.shape[:-1], 1)
@@ -65,6 +65,12 @@ class KeyWeights:
             value = F.pad(value, (0, pad))
         out = fn(query, key, value, dropout_p=dropout_p, is_causal=False, scale=scale, **rest)
         return out[..., :width]
+
+
+def channels(size: int, device: torch.device) -> int:
+    """The channels added to a head of `size`: the bias channel, plus zeros up to the multiple of 8 CUDA's fused
+    kernels take (on the CPU its flash kernel takes any size, and one channel costs least)."""
+    return 8 - size % 8 if device.type == "cuda" else 1
 
 
 class SdpaSeam(Seam):

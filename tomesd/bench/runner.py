@@ -61,9 +61,9 @@ class Config:
         if self.mode == "downsample":
             return dict(mode="downsample", max_downsample=settings.max_downsample,
                         downsample_factor=settings.downsample_factor, downsample_method=settings.downsample_method)
+        weighed = dict(proportional_attention=True) if self.mode == "merge-prop" else {}
         return dict(ratio=self.ratio, max_downsample=settings.max_downsample, seed=settings.seed,
-                    reuse_steps=self.reuse_steps, merge_mlp=self.mode == "merge-mlp",
-                    proportional_attention=self.mode == "merge-prop" or None)
+                    reuse_steps=self.reuse_steps, merge_mlp=self.mode == "merge-mlp", **weighed)
 
 
 @dataclass
