@@ -35,7 +35,10 @@ class DownsampleContext(SiteHook):
         x = self.tokens.get(args, kwargs)
         small = self._timed("downsample", down, x)
         self._record("downsample", x, small)
-        weigh_downsampled(self.patch, down, False)
+        if self.patch.key_seam is not None:  # armed inside the attention's own forward (CheckWeighed.pre), where
+            call = self.patch.calls.top()     # a step cache that skips the attention skips the arming too
+            if call is not None:
+                call.shared[("weigh", self.index)] = down
         return self.context.replace(args, kwargs, small)
 
 
@@ -136,7 +139,15 @@ def weigh_downsampled(patch: Any, down: Any, image_keys_first: bool) -> None:
 
 
 class CheckWeighed(SiteHook):
-    """After a downsampled self-attention under proportional attention: its SDPA call took the weights."""
+    """Innermost around a downsampled self-attention under proportional attention: arms the weights of keys its
+    context argument got downsampled (DownsampleContext, an outer pre-hook, leaves them in the call), and checks
+    after it that its SDPA call took whatever was armed (here or inside its forward)."""
+
+    def pre(self, module: Any, args: tuple, kwargs: dict) -> None:
+        call = self.patch.calls.top()
+        down = call.shared.pop(("weigh", self.index), None) if call is not None else None
+        if down is not None:
+            weigh_downsampled(self.patch, down, False)
 
     def post(self, module: Any, args: tuple, output: Any) -> None:
         if self.patch.key_seam is not None:

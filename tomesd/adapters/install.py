@@ -45,7 +45,8 @@ def install_downsample(patch: Any, index: int, block: Any, kind: BlockKind) -> N
             continue
         if patch.args.proportional_attention:
             open_key_seam(patch)
-            around(patch, attn, None, CheckWeighed(patch, index).post)
+            check = CheckWeighed(patch, index)
+            around(patch, attn, check.pre, check.post)
         if way.via == "context":
             hook = DownsampleContext(patch, index, InputSpec.find(attn, TOKENS, first_positional=True),
                                      InputSpec.find(attn, CONTEXT, first_positional=False), _mask_spec(attn))
