@@ -112,7 +112,7 @@ def test_modes_reuse_and_a_denoising_loop(tmp_path, capsys):
 @pytest.mark.parametrize(
     "argv,message",
     [
-        (["--modes", "merge,fast"], "choose from merge, merge-mlp, downsample"),
+        (["--modes", "merge,fast"], "choose from merge, merge-mlp, merge-prop, downsample"),
         (["--reuse-steps", "0"], "each value must be at least 1"),
         (["--reuse-steps", "3"], "needs --steps N"),
         (["--reuse-steps", "2", "--steps", "4", "--compile"], "cannot be compiled"),
