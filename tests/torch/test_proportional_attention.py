@@ -130,13 +130,27 @@ def test_each_merged_attention_weighs_its_image_keys_by_size_and_its_text_keys_b
     assert sorted(weighed) == sites  # one weighed SDPA per merged attention: its image keys hold every token
 
 
+class _MaskSeen(OpCounter):
+    """Counts ops, and the attention ops that were handed a mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.masked = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if "attention" in str(func) and (kwargs or {}).get("attn_mask") is not None:
+            self.masked.append(str(func))
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
 def test_the_fused_kernel_runs_as_unpatched_with_no_mask(family, unpatch):
     family, model = family
     inputs = family.inputs(model, batch=2, seed=3)
 
     def attention_ops():
-        with OpCounter() as ops:
+        with _MaskSeen() as ops:
             family.run(model, inputs)
+        assert not ops.masked  # no attention op got a mask (or bias) tensor
         return {op: n for op, n in ops.ops.items() if "attention" in op}
 
     unpatched = attention_ops()
