@@ -14,7 +14,8 @@ DOWNSAMPLE_METHODS = ("nearest", "avg")
 # What each mode means by default. A field left None takes its mode's default; a field given for a
 # mode that has no use for it is refused (see ToMeArgs.__post_init__).
 _MERGE_DEFAULTS = dict(ratio=0.5, sx=2, sy=2, use_rand=True, merge_attn=True, merge_crossattn=False,
-                       merge_mlp=False, reuse_steps=1, share_across_blocks=False, st=1, bands=1)
+                       merge_mlp=False, reuse_steps=1, share_across_blocks=False, st=1, bands=1,
+                       restore_tokens=False)
 _DOWNSAMPLE_DEFAULTS = dict(downsample_factor=2, downsample_method="nearest")
 _COMMON_DEFAULTS = dict(proportional_attention=False)  # either mode
 
@@ -62,6 +63,10 @@ class ToMeArgs:
     # scores), text and unmerged keys as 1; in downsample mode a pooled key as the tokens of its cell. False: ToMe
     # for SD's attention, where a merged key counts as one.
     proportional_attention: Optional[bool] = None
+    # Restored tokens (with reuse_steps=k > 1): the first step of each window of k runs unmerged and keeps, per
+    # merging site, each token's output minus its merged row's mean; the window's merged steps add it back to the
+    # tokens they unmerge, so a merged-away token is its row's output plus its own difference, not a copy.
+    restore_tokens: Optional[bool] = None
 
     def __post_init__(self) -> None:
         if self.ratio_schedule is not None:
@@ -174,7 +179,7 @@ class ToMeArgs:
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"{name} must be a positive int (the dst stride in tokens), got {value!r}")
-        for name in ("use_rand", "merge_attn", "merge_crossattn", "merge_mlp", "share_across_blocks"):
+        for name in ("use_rand", "merge_attn", "merge_crossattn", "merge_mlp", "share_across_blocks", "restore_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.seed is not None and not _is_int(self.seed):
@@ -191,6 +196,10 @@ class ToMeArgs:
         ):
             raise ValueError("reuse_steps / share_across_blocks reuse a merge, but nothing merges (merge_attn, "
                              "merge_crossattn and merge_mlp are all False)")
+        if self.restore_tokens and self.reuse_steps < 2:
+            raise ValueError(f"restore_tokens restores merged-away tokens from the unmerged step that starts each window "
+                             f"of reuse_steps steps: give reuse_steps=2 or more (e.g. reuse_steps=3), got "
+                             f"reuse_steps={self.reuse_steps}")
 
     def _check_downsample(self) -> None:
         if not _is_int(self.downsample_factor) or self.downsample_factor < 1:

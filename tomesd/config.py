@@ -56,7 +56,7 @@ class _Config:
 class ToMeConfig(_Config):
     """mode="merge": exact ToMe. None takes the default in `ToMeConfig.DEFAULTS`: ratio 0.5, sx = sy = 2,
     use_rand True, merge_attn True, merge_crossattn False, merge_mlp False, reuse_steps 1,
-    share_across_blocks False, st 1, bands 1,
+    share_across_blocks False, st 1, bands 1, restore_tokens False,
     proportional_attention False; max_downsample None (the finest level that has attention), seed
     None (tome_core.DEFAULT_SEED), blocks None (every block), ratio_schedule None (a constant ratio).
     See `tomesd.apply_patch` for what each setting does.
@@ -80,6 +80,7 @@ class ToMeConfig(_Config):
     st: Optional[int] = None
     ratio_schedule: Optional[Sequence[Tuple[float, float]]] = None
     bands: Optional[int] = None
+    restore_tokens: Optional[bool] = None
     proportional_attention: Optional[bool] = None
 
 

@@ -32,6 +32,7 @@ def apply_patch(
     ratio_schedule: Optional[Sequence[Tuple[float, float]]] = None,
     bands: Optional[int] = None,
     proportional_attention: Optional[bool] = None,
+    restore_tokens: Optional[bool] = None,
     config: Optional[Union[ToMeConfig, ToDoConfig]] = None,
 ) -> Any:
     """Patch every denoiser of `model` (UNets and ControlNets, never the VAE) to reduce the tokens
@@ -86,6 +87,11 @@ def apply_patch(
       (ToMe for ViTs' proportional attention), text and unmerged keys as one; much closer to the unpatched model
       at the same speed. The bias rides as one more query/key channel, never a mask, so SDPA keeps its fused
       kernel; torch, diffusers' processors that call scaled_dot_product_attention (or its native dispatch).
+      restore_tokens (False; needs reuse_steps=k > 1): the first step of each window of k steps runs unmerged and
+      keeps, per merging site and per call of the step, each token's output minus its merged row's mean (one
+      [B, N, C] tensor per site and call); the window's merged steps add it to the tokens they unmerge, so a
+      merged-away token gets its row's output plus its own difference instead of a copy. Eager (a pipeline's
+      clock or a bare model's timestep rule), torch and paddle.
     mode="downsample": token downsampling (ToDo). Self-attention takes its keys and values from the
       block's token grid downsampled by downsample_factor per side (2); queries stay full, nothing
       is unmerged. downsample_method: "nearest" (default; the top-left token of each cell) or "avg"
@@ -99,7 +105,7 @@ def apply_patch(
         merge_crossattn=merge_crossattn, merge_mlp=merge_mlp, seed=seed, mode=mode,
         downsample_factor=downsample_factor, downsample_method=downsample_method, reuse_steps=reuse_steps,
         share_across_blocks=share_across_blocks, blocks=blocks, st=st, ratio_schedule=ratio_schedule, bands=bands,
-        proportional_attention=proportional_attention,
+        proportional_attention=proportional_attention, restore_tokens=restore_tokens,
     )
     return targets.apply(model, resolve(config, settings))[0]
 

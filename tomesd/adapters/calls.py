@@ -20,7 +20,7 @@ class CallState:
     """What one call of a root computes; dropped when the call returns."""
 
     __slots__ = ("grid", "coords", "ids", "tail", "timestep", "key", "draws", "finest_level", "merges", "pending",
-                 "shared", "step", "ratio", "watch", "band")
+                 "shared", "step", "ratio", "watch", "band", "restore", "restoring")
 
     def __init__(self) -> None:
         # The layout's reading of this call's token grid, from shapes only (layouts.py): the latent's
@@ -45,6 +45,10 @@ class CallState:
         # The band rule (tome_core/bands.py): None (one matching over the grid), or a Band: this process's
         # band of a context-parallel run, or every band of bands=P on one process.
         self.band: Optional[Band] = None
+        # restore_tokens: the call's restore.CallRestore, and per block (the matcher's matching, its merge), also
+        # kept at the window's unmerged step, where `merges` holds None
+        self.restore: Any = None
+        self.restoring: Dict[int, Tuple[Any, Any]] = {}
 
 
 class Band(NamedTuple):

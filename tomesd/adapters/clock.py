@@ -61,6 +61,7 @@ class StepClock:
     def _step(self, *args: Any, **kwargs: Any) -> Any:
         out = self._call("step", args, kwargs)
         self.count += 1
+        self.kept.new_step()
         if self.schedule is not None and self.total:
             self.ratio = self.schedule.ratio_at(min(self.count / self.total, 1.0))
         if self.count % self.steps_reused == 0:
@@ -68,6 +69,10 @@ class StepClock:
             # (one compiled graph for it, whatever the step).
             self.kept.clear()
         return out
+
+    def window_begins(self) -> bool:
+        """Whether the step about to run is the first of its window (restore_tokens runs it unmerged)."""
+        return self.count % self.steps_reused == 0
 
     def _call(self, name: str, args: tuple, kwargs: dict) -> Any:
         return self._original(name)(*args, **kwargs)

@@ -15,6 +15,7 @@ from tome_core import band_coordinate_merges, band_range, banded_coordinate_merg
 
 from .calls import BlockMerge, CallState
 from .guards import CHUNKED_FF
+from .restore import CallRestore
 from .reuse import TimestepSteps
 
 
@@ -45,7 +46,19 @@ class Matcher:
         if timestep is None:
             raise ValueError("reuse_steps needs the timestep of each call, and this call passed None")
         value = host.host_float(timestep)
-        return self.steps.advance(value, rng.timestep_key(self.patch.xp, value))
+        return self.steps.advance(value, rng.timestep_key(self.patch.xp, value), self.steps_reused)
+
+    def call_restore(self) -> CallRestore:
+        """restore_tokens: this call's place in its step and whether its step keeps residuals or adds them, from
+        whoever counts the steps (the pipeline's clock, else the timestep rule): host values only."""
+        if self.patch.host.is_compiling():
+            raise RuntimeError(
+                "restore_tokens runs eagerly: its steps keep and add residuals by the Python-side step count. "
+                "Compile with reuse_steps alone (restore_tokens=False), or run this patch eagerly.")
+        clock = self.patch.clock
+        cache, begins = (clock.kept, clock.window_begins()) if clock is not None else \
+            (self.steps.cache, self.steps.window_begins())
+        return CallRestore(cache, cache.next_call(self.patch.slot), begins)
 
     def block_merge(self, index: int, block: Any, x: Any, call: CallState, grad: bool) -> BlockMerge:
         """Block `index`'s merge (or downsampling) from its image tokens `x`, or None where it does not reduce."""

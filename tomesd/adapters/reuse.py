@@ -15,12 +15,16 @@ from typing import Any, Dict, Optional, Tuple
 
 class MatchCache:
     """Kept matchings: key (a block index, or a level with share_across_blocks; a slot per denoiser of a
-    pipeline) -> (the step it was computed at, the grid shape, the grid object, the matching)."""
+    pipeline) -> (the step it was computed at, the grid shape, the grid object, the matching). With
+    restore_tokens, also each site's residuals (restore.py) and the calls each denoiser made in this step."""
 
-    __slots__ = ("_entries",)
+    __slots__ = ("_entries", "residuals", "_calls")
 
     def __init__(self) -> None:
         self._entries: Dict[Any, Tuple[int, tuple, Any, Any]] = {}
+        # (site hook id, output position, call in the step) -> (the matching it was taken with, the residual)
+        self.residuals: Dict[Tuple[int, int, int], Tuple[Any, Any]] = {}
+        self._calls: Dict[int, int] = {}  # denoiser slot -> its calls so far in this step
 
     def lookup(self, key: Any, shape: tuple, grid: Any = None, step: int = 0, window: Optional[int] = None) -> Any:
         """The kept matching for `key`, or None: kept for this grid shape (and the same grid object, which
@@ -37,6 +41,18 @@ class MatchCache:
 
     def clear(self) -> None:
         self._entries.clear()
+        self.residuals.clear()
+        self._calls.clear()
+
+    def next_call(self, slot: int) -> int:
+        """This call's place among the calls denoiser `slot` made in this step (the guidance halves as two calls):
+        each keeps its own residuals."""
+        made = self._calls.get(slot, 0)
+        self._calls[slot] = made + 1
+        return made
+
+    def new_step(self) -> None:
+        self._calls.clear()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -47,6 +63,7 @@ class _ThreadSteps(threading.local):
         self.last_key: Optional[int] = None
         self.last_value: Optional[float] = None
         self.step = 0
+        self.window_start: Optional[int] = None  # the step that began the current window of reuse_steps
         self.cache = MatchCache()
 
 
@@ -69,12 +86,22 @@ class TimestepSteps:
     def cache(self) -> MatchCache:
         return self._threads.cache
 
-    def advance(self, value: float, key: int) -> int:
-        """This thread's step number for a call at timestep `value` (`key`: its exact bits)."""
+    def advance(self, value: float, key: int, window: int = 1) -> int:
+        """This thread's step number for a call at timestep `value` (`key`: its exact bits); steps fall in
+        windows of `window` steps from a run's first."""
         state = self._threads
         if state.last_value is not None and value > state.last_value:
             state.cache.clear()  # timesteps only fall within a run: a rise starts a new one
+            state.window_start = None
         if key != state.last_key:
             state.last_key, state.last_value = key, value
             state.step += 1
+            state.cache.new_step()
+            if state.window_start is None or state.step - state.window_start >= window:
+                state.window_start = state.step
         return state.step
+
+    def window_begins(self) -> bool:
+        """Whether this thread's current step is the first of its window."""
+        state = self._threads
+        return state.step == state.window_start

@@ -25,6 +25,7 @@ from .layouts import layout_of
 from .matcher import Matcher
 from .observe import CallWatch
 from .references import with_tail
+from .restore import SiteRestore
 from .roots import root_kind
 from .signatures import LATENT, TIMESTEP, InputSpec
 from .sites import BlockEntry
@@ -187,6 +188,8 @@ class ToMePatch:
                 call.step = self.matcher.denoising_step(call.timestep)
             elif not host.is_compiling():
                 self.clock.follow()
+            if self.args.restore_tokens:
+                call.restore = self.matcher.call_restore()
         if self.replay and not host.grad_enabled() and not host.is_compiling():
             self.replay.clear()  # inference after training: nothing left to recompute
 
@@ -223,6 +226,16 @@ class ToMePatch:
         merge = self.current_merge(index, like)
         return merge.get(flag) if isinstance(merge, dict) else merge
 
+    def site_restore(self, index: int, flag: str) -> Optional[SiteRestore]:
+        """Block `index`'s restoring for the site `flag` turns on in this call (restore_tokens), or None."""
+        call = self.calls.top()
+        kept = None if call is None else call.restoring.get(index)
+        if kept is None:
+            return None
+        matching, merge = kept
+        merge = merge.get(flag) if isinstance(merge, dict) else merge
+        return None if merge is None else SiteRestore(matching, merge, call.restore)
+
     def current_merge(self, index: int, like: Any = None) -> BlockMerge:
         """Block `index`'s merge in this call, matched at its first hooked sub-layer, on the device of the
         tokens that sub-layer holds (`like`): a model split over devices moves the block's input inside the
@@ -241,8 +254,12 @@ class ToMePatch:
         """Block `index`'s merge, from its input `x`; `grad`: gradients were on when the block was entered."""
         watch = call.watch
         started = None if watch is None else watch.start()
-        merge = with_tail(self.matcher.block_merge(index, block, self.layout.image_tokens(call, x), call, grad),
-                          call.tail)
+        matching = self.matcher.block_merge(index, block, self.layout.image_tokens(call, x), call, grad)
+        merge = with_tail(matching, call.tail)
+        if call.restore is not None and merge is not None:
+            call.restoring[index] = (matching, merge)
+            if call.restore.keep:
+                merge = None  # the window's first step runs unmerged and keeps residuals (restore.py)
         call.merges[index] = merge
         if watch is not None:
             watch.stop("downsample" if self.args.mode == "downsample" else "match", started)

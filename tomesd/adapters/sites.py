@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Tuple
 
-from . import key_weights
+from . import key_weights, restore
 from .guards import MASKED_SELF_ATTENTION
 from .kinds import Span, Sublayer
 from .signatures import InputSpec
@@ -128,7 +128,10 @@ def check_rotated(hook: SiteHook, module: Any) -> None:
 def unmerge_output(hook: SiteHook, flag: str, positions: Tuple[int, ...], output: Any) -> Any:
     """The image tokens of a sub-layer's output back to every token (the last N of a joined sequence)."""
     merge = hook.patch.site_merge(hook.index, flag)
+    restoring = hook.patch.site_restore(hook.index, flag)
     if merge is None:
+        if restoring is not None:  # the window's unmerged step (restore_tokens): keep the residuals
+            restore.keep(hook, restoring, positions, output)
         return None
 
     local = hook.patch.host.on_local_tokens
@@ -141,7 +144,8 @@ def unmerge_output(hook: SiteHook, flag: str, positions: Tuple[int, ...], output
         return tuple(local(merge.unmerge, item) if i in positions and item is not None else item
                      for i, item in enumerate(output))
 
-    return hook._timed("unmerge", unmerge, output)
+    output = hook._timed("unmerge", unmerge, output)
+    return output if restoring is None else restore.add(hook, restoring, positions, output)
 
 
 class _SpanHook(SiteHook):

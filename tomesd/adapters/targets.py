@@ -151,6 +151,10 @@ def apply(obj: Any, args: Any) -> Tuple[Any, List[Any]]:
             "the same one reads the timestep on the host. Patch the pipeline (its scheduler counts the "
             "steps), or use reuse_steps=1 or mode='downsample'."
         )
+    if args.restore_tokens and _compiled(obj):
+        raise ValueError(
+            "restore_tokens runs eagerly (its steps keep and add residuals by a step count on the host), and this "
+            "denoiser is torch.compile'd: use reuse_steps without restore_tokens, or the uncompiled denoiser")
     remove(obj)
     if clocked:
         clock = StepClock(obj, args.steps_reused, args if scheduled else None)

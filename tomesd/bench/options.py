@@ -59,9 +59,9 @@ def _ints(text: str, option: str) -> List[int]:
 
 def _modes(text: str) -> List[str]:
     modes = [part.strip() for part in text.split(",") if part.strip()]
-    bad = [m for m in modes if m not in ("merge", "merge-mlp", "merge-prop", "downsample")]
+    bad = [m for m in modes if m not in ("merge", "merge-mlp", "merge-prop", "merge-restore", "downsample")]
     if not modes or bad:
-        raise ValueError(f"--modes {text!r}: choose from merge, merge-mlp, merge-prop, downsample")
+        raise ValueError(f"--modes {text!r}: choose from merge, merge-mlp, merge-prop, merge-restore, downsample")
     return modes
 
 
@@ -90,6 +90,9 @@ def prepare(args: argparse.Namespace) -> Prepared:
     if args.compile and max(reuse) > 1:
         raise ValueError("--reuse-steps above 1 cannot be compiled: telling denoising steps apart reads the "
                          "timestep on the host")
+    if "merge-restore" in modes and max(reuse) < 2:
+        raise ValueError("--modes merge-restore restores tokens from the unmerged first step of each --reuse-steps "
+                         "window: give --reuse-steps 3 (or 2) and --steps 6 or more")
     if max(reuse) > 1 and (args.steps or 1) < 2:
         raise ValueError("--reuse-steps above 1 needs --steps N (N >= 2): reuse only shows over a denoising loop")
     for name in ("batch", "repeats"):

@@ -29,7 +29,7 @@ def label(row: Any, reference_name: str) -> str:
         name = "downsample (ours)"
     else:
         name = f"ToMe (ours) r={row.ratio:g}" + (f" reuse {row.reuse_steps}" if row.reuse_steps > 1 else "")
-        name += {"merge-mlp": " merge_mlp", "merge-prop": " prop"}.get(row.mode, "")
+        name += {"merge-mlp": " merge_mlp", "merge-prop": " prop", "merge-restore": " prop restore"}.get(row.mode, "")
     return name if cache is None else f"{name} + {cache}"
 
 
@@ -100,6 +100,11 @@ def table(rows: List[Any], reference_name: str) -> str:
         if compiled:
             line += " - |" if row.compile_s is None else f" {row.compile_s:.2f} |"
         lines.append(line)
+    for row in rows:
+        if getattr(row, "restore_sites", None):
+            lines.append(f"\n{label(row, reference_name)} keeps {row.restore_bytes / 2**20:,.1f} MiB of residuals between its "
+                         f"unmerged and merged steps: {row.restore_sites} tensors (one per merging site, output and call "
+                         f"of a step), {row.restore_bytes / row.restore_sites / 2**20:,.2f} MiB each")
     return "\n".join(lines)
 
 

@@ -61,7 +61,9 @@ class Config:
         if self.mode == "downsample":
             return dict(mode="downsample", max_downsample=settings.max_downsample,
                         downsample_factor=settings.downsample_factor, downsample_method=settings.downsample_method)
-        weighed = dict(proportional_attention=True) if self.mode == "merge-prop" else {}
+        weighed = dict(proportional_attention=True) if self.mode in ("merge-prop", "merge-restore") else {}
+        if self.mode == "merge-restore":
+            weighed["restore_tokens"] = True
         return dict(ratio=self.ratio, max_downsample=settings.max_downsample, seed=settings.seed,
                     reuse_steps=self.reuse_steps, merge_mlp=self.mode == "merge-mlp", **weighed)
 
@@ -92,14 +94,18 @@ class Row:
     compiled_vs_eager: Optional[float] = None  # with --compile: relative difference of the compiled output
     flops: Optional[int] = None  # one forward's floating-point operations (flops.fill_flops), None if not counted
     flop_speedup: Optional[float] = None  # the baseline's flops over this row's (flops.py: a yardstick, not a bound)
+    restore_bytes: Optional[int] = None  # merge-restore: the residuals kept after the loop, all sites and calls
+    restore_sites: Optional[int] = None  # ... in this many tensors (one per site, output and call of a step)
 
 
 def configurations(settings: Settings) -> List[Config]:
     configs = [Config("baseline")]
-    # merge-mlp: ToMe with the feed-forward merged too; merge-prop: with proportional attention.
-    for mode in ("merge", "merge-mlp", "merge-prop"):
+    # merge-mlp: ToMe with the feed-forward merged too; merge-prop: with proportional attention; merge-restore:
+    # that and restored tokens (with each --reuse-steps value above 1).
+    for mode in ("merge", "merge-mlp", "merge-prop", "merge-restore"):
         if mode in settings.modes:
-            configs += [Config("tome", ratio, mode, k) for ratio in settings.ratios for k in settings.reuse_steps]
+            configs += [Config("tome", ratio, mode, k) for ratio in settings.ratios for k in settings.reuse_steps
+                        if k > 1 or mode != "merge-restore"]
     if "downsample" in settings.modes:
         configs.append(Config("tome", None, "downsample"))
     if settings.compare:
@@ -217,6 +223,8 @@ def _measure(settings: Settings, kit: Any, model: Any, loop: List[Tuple[Any, ...
             kit.sync()
             counted_s = time.perf_counter() - started  # the forward ToMe's own share is taken of
             out = outs[-1]
+            if cfg.mode == "merge-restore":
+                row.restore_bytes, row.restore_sites = held_residuals(target)
         if observed is not None:
             timer.total += observed.total_seconds
             row.tome_parts = {work: seconds for work, seconds in observed.seconds.items() if seconds}
@@ -242,6 +250,16 @@ def _measure(settings: Settings, kit: Any, model: Any, loop: List[Tuple[Any, ...
     for row in rows.values():
         row.speedup = base.time_s / row.time_s
     return list(rows.values())
+
+
+def held_residuals(model: Any) -> Tuple[int, int]:
+    """(bytes, tensors) of the restore_tokens residuals the patches on `model` keep (restore.py), this thread's."""
+    from ..adapters.restore import residual_bytes
+    from ..adapters.targets import installed_patches
+
+    caches = [p.clock.kept if p.clock is not None else p.matcher.steps.cache for p in installed_patches(model)]
+    return sum(residual_bytes(p.xp, c) for p, c in zip(installed_patches(model), caches)), \
+        sum(len(c.residuals) for c in caches)
 
 
 def _relative(out: Any, ref: Any) -> float:

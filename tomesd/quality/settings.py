@@ -16,6 +16,15 @@ class Setting:
         return hash(self.name)
 
 
+# Restored tokens (restore_tokens), on every yardstick: with and without proportional attention, windows of 2 and 3.
+_RESTORED = [
+    Setting("ToMe r=0.5 reuse 3 restore", dict(ratio=0.5, reuse_steps=3, restore_tokens=True)),
+    Setting("ToMe r=0.5 reuse 3 prop restore", dict(ratio=0.5, reuse_steps=3, proportional_attention=True,
+                                                    restore_tokens=True)),
+    Setting("ToMe r=0.5 reuse 2 prop restore", dict(ratio=0.5, reuse_steps=2, proportional_attention=True,
+                                                    restore_tokens=True)),
+]
+
 DEFAULT_SETTINGS = [
     Setting("baseline", None),
     Setting("ToMe r=0.25", dict(ratio=0.25)),
@@ -26,6 +35,7 @@ DEFAULT_SETTINGS = [
     Setting("ToMe r=0.5 prop", dict(ratio=0.5, proportional_attention=True)),
     Setting("ToMe r=0.75 prop", dict(ratio=0.75, proportional_attention=True)),
     Setting("ToMe r=0.5 max_downsample=4 prop", dict(ratio=0.5, max_downsample=4, proportional_attention=True)),
+    *_RESTORED,
     Setting("ToMe r=0.5 reuse 2", dict(ratio=0.5, reuse_steps=2)),
     Setting("ToMe r=0.5 reuse 3", dict(ratio=0.5, reuse_steps=3)),
     Setting("ToMe r=0.75 reuse 3", dict(ratio=0.75, reuse_steps=3)),
@@ -62,6 +72,12 @@ SD3_SETTINGS = [
     Setting("ToMe r=0.5 merge_mlp prop", dict(ratio=0.5, merge_mlp=True, proportional_attention=True)),
     Setting("ToMe r=0.4 merge_mlp prop", dict(ratio=0.4, merge_mlp=True, proportional_attention=True)),
     Setting("ToMe r=0.5 reuse 3 prop", dict(ratio=0.5, reuse_steps=3, proportional_attention=True)),
+    # Restored tokens: each window's first step unmerged, its residuals added back at the others.
+    *_RESTORED,
+    Setting("ToMe r=0.75 reuse 3 prop restore", dict(ratio=0.75, reuse_steps=3, proportional_attention=True,
+                                                     restore_tokens=True)),
+    Setting("ToMe r=0.5 merge_mlp reuse 3 prop restore", dict(ratio=0.5, merge_mlp=True, reuse_steps=3,
+                                                              proportional_attention=True, restore_tokens=True)),
     Setting("downsample f=2 nearest", dict(mode="downsample")),
     Setting("downsample f=2 avg", dict(mode="downsample", downsample_method="avg")),
     Setting("downsample f=3 nearest", dict(mode="downsample", downsample_factor=3)),
@@ -84,6 +100,7 @@ VIDEO_SETTINGS = [
     Setting("ToMe r=0.5 max_downsample=4", dict(ratio=0.5, max_downsample=4)),
     Setting("ToMe r=0.5 prop", dict(ratio=0.5, proportional_attention=True)),
     Setting("ToMe r=0.5 max_downsample=4 prop", dict(ratio=0.5, max_downsample=4, proportional_attention=True)),
+    *_RESTORED,
     Setting("downsample f=2 nearest", dict(mode="downsample")),
     Setting("downsample f=2 nearest max_downsample=4", dict(mode="downsample", max_downsample=4)),
 ]
@@ -104,6 +121,8 @@ WAN_SETTINGS = [
     Setting("ToMe r=0.5 st=2 prop", dict(ratio=0.5, st=2, proportional_attention=True)),
     Setting("ToMe r=0.25 prop", dict(ratio=0.25, proportional_attention=True)),
     Setting("ToMe r=0.5 merge_mlp prop", dict(ratio=0.5, merge_mlp=True, proportional_attention=True)),
+    *_RESTORED,
+    Setting("ToMe r=0.75 reuse 3 restore", dict(ratio=0.75, reuse_steps=3, restore_tokens=True)),
     # The band rule: what each rank of a 2- or 4-way context-parallel run merges (4 or 2 frames of 16 x 16).
     Setting("ToMe r=0.5 bands=2", dict(ratio=0.5, bands=2)),
     Setting("ToMe r=0.5 bands=4", dict(ratio=0.5, bands=4)),
