@@ -138,6 +138,10 @@ class ToMe:
                 "proportional_attention": ("BOOLEAN", {"default": False, "tooltip": (
                     "A merged key weighs in attention as the tokens it holds: much closer to the model without "
                     "merging. Needs ComfyUI's pytorch attention (the default on NVIDIA GPUs).")}),
+                "restore_tokens": ("BOOLEAN", {"default": False, "tooltip": (
+                    "With reuse_steps 2 or more: the first step of every reuse_steps runs unmerged and keeps each "
+                    "token's difference to its merged group; the steps between add it back. Closer, and slower "
+                    "than reuse_steps alone (one step in reuse_steps runs at full cost).")}),
             },
         }
 
@@ -148,9 +152,11 @@ class ToMe:
 
     def patch(self, model: Any, ratio: float, crossattn_ratio: float, mlp_ratio: float, levels: str, blocks: str,
               use_rand: bool, reuse_steps: int, start: float, stop: float, ratio_schedule: str = "",
-              proportional_attention: bool = False) -> Tuple[Any]:
+              proportional_attention: bool = False, restore_tokens: bool = False) -> Tuple[Any]:
         with refusals("ToMe"):
             settings = _merge_settings(ratio, crossattn_ratio, mlp_ratio, reuse_steps, ratio_schedule)
+            if restore_tokens:
+                settings["restore_tokens"] = True  # (refused below 2 reuse_steps, naming reuse_steps)
             args = _args("merge", levels, blocks, use_rand=use_rand, proportional_attention=proportional_attention,
                          **settings)
 
