@@ -49,7 +49,7 @@ test-torch: $(TORCH_ENV)/.ready $(REF_TOMESD) $(COMFYUI)
 #     checks its refusal there; the split-batch tests use it), and context parallelism (enable_parallelism),
 #     which came in 0.36, and Flux Kontext's pipeline (test_kontext.py), which came in 0.35.
 test-paddle: $(PADDLE_ENV)/.ready $(REF_TOMESD)
-	$(PADDLE_ENV)/bin/python -m pytest -q --durations=15 tests/core tests/torch tests/paddle --ignore=tests/torch/test_host_contract.py --ignore=tests/torch/test_transformer_host_contract.py --ignore=tests/torch/test_quality.py --ignore=tests/torch/test_wan.py --ignore=tests/torch/test_step_caches.py --ignore=tests/torch/test_cache_dit.py --ignore=tests/torch/test_devices.py --ignore=tests/torch/test_downsample_dispatch.py --ignore=tests/torch/test_split_batches.py --ignore=tests/torch/test_context_parallel.py --ignore=tests/torch/test_kontext.py
+	$(PADDLE_ENV)/bin/python -m pytest -q --durations=15 tests/core tests/torch tests/paddle --ignore=tests/torch/test_host_contract.py --ignore=tests/torch/test_transformer_host_contract.py --ignore=tests/torch/test_quality.py --ignore=tests/torch/test_wan.py --ignore=tests/torch/test_step_caches.py --ignore=tests/torch/test_cache_dit.py --ignore=tests/torch/test_devices.py --ignore=tests/torch/test_downsample_dispatch.py --ignore=tests/torch/test_split_batches.py --ignore=tests/torch/test_context_parallel.py --ignore=tests/torch/test_kontext.py --ignore=tests/torch/test_sdnext_call.py
 
 envs: $(CORE_ENV)/.ready $(TORCH_ENV)/.ready $(PADDLE_ENV)/.ready $(REF_TOMESD) $(COMFYUI)
 

@@ -47,7 +47,7 @@ def test_missing_optional_dependency_fails_before_any_work(module, argv, message
     monkeypatch.setitem(sys.modules, module, None)  # `import module` now raises ImportError
     assert bench(TINY + [a.format(tmp=tmp_path) for a in argv]) == 2
     err = capsys.readouterr().err
-    assert message in err and "pip install 'tome-sd[bench]'" in err
+    assert message in err and "pip install 'tomesd[bench]'" in err
     assert forwards == []  # nothing was built, nothing ran
 
 

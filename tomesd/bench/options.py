@@ -15,7 +15,7 @@ from .kits import make_kit
 from .pipeline import BadModelPath, read_prompts
 from .runner import Settings
 
-BENCH_EXTRA = "pip install 'tome-sd[bench]'"
+BENCH_EXTRA = "pip install 'tomesd[bench]'"
 
 
 def missing_dependencies(args: argparse.Namespace) -> List[str]:
