@@ -7,6 +7,11 @@ import pytest
 # Tests import their helpers (references, models) from this folder.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+# `make test` runs two pytest-xdist workers on a 2-core machine: each computes on one thread (set before torch
+# or paddle is imported), so the two never fight over the cores.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def _process_state():
     """What a test may change in the process and must give back: ToMe patches whose hooks are on a model,

@@ -57,6 +57,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     yardstick.add_arguments(sub.add_parser("quality", help="price each setting's quality on the built-in digits yardstick"))
     from . import tune
 
+    from . import frontier
+
+    frontier.add_arguments(sub.add_parser("frontier", help="every setting's closeness (quality) against its speed at "
+                                                           "real width (bench), the Pareto front marked"))
     tune.add_arguments(sub.add_parser("tune", help="find the fastest setting on this machine (and, with --model, "
                                                    "your weights) that keeps the images close"))
     d = sub.add_parser("demo", help="patch a built-in SD1.5-architecture UNet and print what merged")
@@ -72,4 +76,6 @@ def main(argv: Optional[List[str]] = None) -> None:
         sys.exit(yardstick.run(args))
     if args.command == "tune":
         sys.exit(tune.run(args))
+    if args.command == "frontier":
+        sys.exit(frontier.run(args))
     demo(args.res, args.ratio, args.batch, args.seed, args.config)

@@ -55,9 +55,13 @@ class Config:
     mode: str = "merge"
     reuse_steps: int = 1
     cache: Optional[str] = None  # a diffusers step cache under the configuration (caches.CACHES)
+    # apply_patch's arguments given whole (a quality setting's, as `frontier` times them), as JSON: hashable
+    kwargs: Optional[str] = None
 
     def patch_kwargs(self, settings: "Settings") -> Dict[str, Any]:
         """tomesd.apply_patch's arguments for this configuration (method "tome")."""
+        if self.kwargs is not None:
+            return json.loads(self.kwargs)
         if self.mode == "downsample":
             return dict(mode="downsample", max_downsample=settings.max_downsample,
                         downsample_factor=settings.downsample_factor, downsample_method=settings.downsample_method)
@@ -117,9 +121,10 @@ def configurations(settings: Settings) -> List[Config]:
 
 
 def run_unet(settings: Settings, progress: Callable[[int], None] = lambda n: None,
-             notes: Optional[List[str]] = None) -> List[Row]:
-    """One row per configuration. With settings.compile, each configuration is its own compiled copy
-    of the model (weights shared); a reference that cannot be compiled is left out, with a note."""
+             notes: Optional[List[str]] = None, configs: Optional[List[Config]] = None) -> List[Row]:
+    """One row per configuration (`configs`, the baseline first; default: the settings'), in their order. With
+    settings.compile, each configuration is its own compiled copy of the model (weights shared); a reference
+    that cannot be compiled is left out, with a note."""
     kit = make_kit(settings.backend, settings.device, settings.dtype)
     model = kit.build(settings.config, settings.seed, settings.depth)
     inputs = kit.inputs(settings.config, settings.batch, settings.res, settings.seed + 1, settings.frames,
@@ -128,7 +133,7 @@ def run_unet(settings: Settings, progress: Callable[[int], None] = lambda n: Non
         inputs = [inputs[:1] + (t,) + inputs[2:] for t in kit.timesteps(settings.steps)]
     else:
         inputs = [inputs]
-    configs = configurations(settings)
+    configs = configurations(settings) if configs is None else configs
     notes = [] if notes is None else notes
     if not settings.compile:
         return _measure(settings, kit, model, inputs, configs, progress)

@@ -1,0 +1,245 @@
+"""`python -m tomesd frontier`: every setting a yardstick prices, with its closeness to the unpatched model (from
+`quality`: PSNR on the project's yardstick) and its speed at real width (from `bench`: time per denoiser call over
+a denoising loop, interleaved with the baseline, and the FLOPs ratio), plotted closeness against speed with the
+Pareto front marked: the settings no other setting beats on both.
+
+The closeness comes from a `quality --json` file of the same yardstick (`--closeness`), or from a quality run made
+here first. The speed is timed on the yardstick's real architecture (sd1: SD1.5's UNet, sd3: SD3-medium, video:
+AnimateDiff, wan: Wan 2.1 1.3B) with random weights, at `--res` and `--depth`; step caches (`--cache`) alone and
+stacked under each setting, as `quality --cache` prices them. A ratio schedule needs a pipeline's loop and is left
+out of the timing, with a note.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+ARCH_OF = {"sd1": "sd15", "sd3": "sd3", "video": "animatediff", "wan": "wan"}
+
+
+def add_arguments(parser: Any) -> None:
+    parser.add_argument("--arch", choices=sorted(ARCH_OF), default="sd3",
+                        help="the yardstick (its settings and closeness) and the architecture timed: sd1 -> SD1.5's "
+                             "UNet, sd3 -> SD3-medium, video -> AnimateDiff, wan -> Wan 2.1 1.3B")
+    parser.add_argument("--closeness", metavar="PATH", default=None,
+                        help="a `python -m tomesd quality --arch ARCH --json PATH` file; default: run quality here")
+    parser.add_argument("--only", metavar="NAMES", default=None, help="comma-separated setting names (default: all)")
+    parser.add_argument("--cache", metavar="NAME[,NAME...]", default=None,
+                        help="diffusers' step caches, alone and stacked under each setting (as quality --cache)")
+    parser.add_argument("--images", type=int, default=64, help="when quality runs here: samples per setting")
+    parser.add_argument("--noise-seeds", type=int, default=3, help="when quality runs here: baseline noise seeds")
+    parser.add_argument("--sampling-steps", type=int, default=None,
+                        help="when quality runs here: its sampling steps (default: quality's)")
+    parser.add_argument("--config", default=None,
+                        help="the architecture timed instead of the yardstick's real one (bench's --config names: "
+                             "tiny-sd3 and the like for checks)")
+    parser.add_argument("--res", type=int, default=1024, help="image side in pixels (video: 512 is usual)")
+    parser.add_argument("--depth", type=int, default=None, help="transformers: blocks built (default: all)")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--frames", type=int, default=None, help="video: frames per clip (default: the arch's)")
+    parser.add_argument("--steps", type=int, default=6, help="denoiser calls per timed loop (reuse needs 2 or more)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
+    parser.add_argument("--json", metavar="PATH", default="frontier-out/frontier.json")
+    parser.add_argument("--plot", metavar="PATH", default="frontier-out/frontier.png")
+
+
+def run(args: Any) -> int:
+    from .bench.configs import ARCHS
+    from .bench.progress import progress_bar
+    from .bench.runner import Config, Settings, run_unet
+    from .quality import settings as S
+
+    try:
+        if args.steps < 2:
+            raise ValueError("--steps must be at least 2: reused matches and restored tokens show over a loop")
+        settings = _picked(S.SETTINGS[args.arch], args.only)
+        from .bench import caches
+
+        settings = S.with_cache(settings, caches.names(args.cache))
+        closeness = _closeness(args, settings)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"tomesd frontier: error: {exc}", file=sys.stderr)
+        return 2
+    arch = args.config or ARCH_OF[args.arch]
+    if arch not in ARCHS:
+        print(f"tomesd frontier: error: --config {arch!r}: choose from {sorted(ARCHS)}", file=sys.stderr)
+        return 2
+    bench = Settings(config=arch, depth=args.depth, res=args.res, batch=args.batch, ratios=(), steps=args.steps,
+                     repeats=args.repeats, warmup=args.warmup, device=args.device, dtype=args.dtype,
+                     frames=args.frames or ARCHS[arch].frames or 16)
+    timed, notes = [], []
+    for setting in settings[1:]:
+        if setting.kwargs and "ratio_schedule" in setting.kwargs:
+            notes.append(f"{setting.name}: not timed (a ratio schedule follows a pipeline's loop)")
+            continue
+        timed.append((setting, config_of(setting)))
+    configs = [Config("baseline")] + [config for _, config in timed]
+    print(f"timing {len(configs)} configurations on {ARCHS[arch].name} at {args.res}², depth "
+          f"{args.depth or 'full'}, {args.steps} calls per loop", file=sys.stderr)
+    with progress_bar(len(configs) * (args.warmup + args.repeats + 1), "denoiser loops") as bar:
+        rows = run_unet(bench, bar.update, notes, configs)
+    flops = _flops(bench, [config for _, config in timed], notes)
+    points = [_point(setting, row, closeness.get(setting.name), ratio)
+              for (setting, _), row, ratio in zip(timed, rows[1:], flops)]
+    front = pareto(points)
+    for point in points:
+        point["front"] = point["name"] in front
+    print(_table(points, args, notes))
+    doc = {"schema": "tomesd-frontier/1", "yardstick": args.arch, "architecture": ARCHS[arch].name,
+           "res": args.res, "depth": args.depth, "batch": args.batch, "steps": args.steps, "device": args.device,
+           "dtype": args.dtype, "baseline_time_s": rows[0].time_s, "points": points, "notes": notes}
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=2)
+        print(f"results: {args.json}")
+    if args.plot:
+        _plot(args.plot, doc)
+        print(f"plot: {args.plot}")
+    return 0
+
+
+def _picked(settings: List[Any], only: Optional[str]) -> List[Any]:
+    if not only:
+        return settings
+    wanted = [name.strip() for name in only.split(",")]
+    unknown = [name for name in wanted if name not in {s.name for s in settings}]
+    if unknown:
+        raise ValueError(f"--only: unknown settings {unknown}; known: {[s.name for s in settings]}")
+    return [settings[0]] + [s for s in settings[1:] if s.name in wanted]
+
+
+def _closeness(args: Any, settings: List[Any]) -> Dict[str, Dict[str, Any]]:
+    """Each setting's row of a quality run, by name: read from --closeness, or from a quality run made now."""
+    path = args.closeness
+    if path is None:
+        from .quality import yardstick
+
+        path = os.path.splitext(args.json or "frontier-out/frontier.json")[0] + "-closeness.json"
+        names = ",".join(s.name for s in settings[1:] if s.cache is None)
+        from .quality import sampling
+
+        quality = argparse.Namespace(arch=args.arch, cache=args.cache, images=args.images, chunk=min(16, args.images),
+                                     steps=args.sampling_steps or sampling.STEPS, noise_seeds=args.noise_seeds, seed=0, only=names or None,
+                                     fd_curve=None, json=path, plot=None, weights=None)
+        if yardstick.run(quality) != 0:
+            raise ValueError("the quality run failed (its error is above)")
+    with open(path) as f:
+        doc = json.load(f)
+    if doc.get("arch", "sd1") != args.arch:
+        raise ValueError(f"--closeness {path} prices the {doc.get('arch', 'sd1')} yardstick, not {args.arch}")
+    return {row["name"]: row for row in doc["results"]}
+
+
+def config_of(setting: Any) -> Any:
+    """The bench configuration that times a quality setting: its apply_patch arguments given whole."""
+    from .bench.runner import Config
+
+    if not setting.kwargs:
+        return Config("baseline", cache=setting.cache)
+    kwargs = setting.kwargs
+    ratio = kwargs.get("ratio") if isinstance(kwargs.get("ratio"), (int, float)) else None
+    return Config("tome", ratio, kwargs.get("mode") or "merge", kwargs.get("reuse_steps", 1), setting.cache,
+                  json.dumps(kwargs, sort_keys=True))
+
+
+def _flops(bench: Any, configs: List[Any], notes: List[str]) -> List[Optional[float]]:
+    """The baseline's FLOPs over each configuration's, per denoiser call over a loop, counted on the meta device:
+    a reused matching costs what matching every step costs there (its matching is not counted), restored tokens
+    run one call in reuse_steps unmerged. None for a step cache (it skips whole calls by the values it meets)."""
+    if bench.device != "cpu" and not bench.device.startswith("cuda"):
+        return [None] * len(configs)
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from .bench.runner import Config
+    from .bench.torch_kit import TorchKit
+
+    kit = TorchKit("meta", bench.dtype)
+    with torch.device("meta"):
+        model = kit.build(bench.config, bench.seed, bench.depth)
+    inputs = kit.inputs(bench.config, bench.batch, bench.res, bench.seed + 1, bench.frames, bench.width or None)
+
+    def count(config: Any) -> int:
+        with kit.method(model, config, bench), FlopCounterMode(display=False) as counter:
+            kit.forward(model, inputs)
+        return int(counter.get_total_flops())
+
+    base = count(Config("baseline"))
+    out: List[Optional[float]] = []
+    for config in configs:
+        if config.cache is not None or config.kwargs is None:
+            out.append(None)
+            continue
+        kwargs = json.loads(config.kwargs)
+        k = kwargs.pop("reuse_steps", 1)
+        restored = kwargs.pop("restore_tokens", False)
+        try:
+            merged = count(Config("tome", kwargs=json.dumps(kwargs, sort_keys=True)))
+        except Exception as exc:  # noqa: BLE001 - what cannot run on meta (a host read) is left uncounted
+            notes.append(f"FLOPs of {kwargs} not counted on the meta device: {type(exc).__name__}")
+            out.append(None)
+            continue
+        per_call = (base + (k - 1) * merged) / k if restored else merged
+        out.append(base / per_call)
+    return out
+
+
+def _point(setting: Any, row: Any, close: Optional[Dict[str, Any]], flop_ratio: Optional[float]) -> Dict[str, Any]:
+    close = close or {}
+    return {"name": setting.name, "kwargs": setting.kwargs, "cache": setting.cache, "speedup": row.speedup,
+            "time_s": row.time_s, "flop_ratio": flop_ratio, "psnr": close.get("psnr"),
+            "temporal_psnr": close.get("temporal_psnr"), "accuracy": close.get("accuracy"), "fd": close.get("fd")}
+
+
+def pareto(points: List[Dict[str, Any]]) -> List[str]:
+    """The names of the points no other point matches or beats on both speed-up and PSNR (one strictly)."""
+    scored = [p for p in points if p.get("psnr") is not None and p.get("speedup") is not None]
+
+    def beaten(p: Dict[str, Any]) -> bool:
+        return any(q is not p and q["speedup"] >= p["speedup"] and q["psnr"] >= p["psnr"]
+                   and (q["speedup"] > p["speedup"] or q["psnr"] > p["psnr"]) for q in scored)
+
+    return [p["name"] for p in sorted(scored, key=lambda p: p["speedup"]) if not beaten(p)]
+
+
+def _table(points: List[Dict[str, Any]], args: Any, notes: List[str]) -> str:
+    def num(value: Optional[float], fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+
+    lines = [f"\nfrontier ({args.arch} yardstick; speed on {args.config or ARCH_OF[args.arch]} at {args.res}², depth "
+             f"{args.depth or 'full'}, batch {args.batch}, {args.steps} calls per loop, {args.device})",
+             "| setting | speed-up | FLOPs ratio | PSNR (dB) | on the front |", "|---|---|---|---|---|"]
+    for p in sorted(points, key=lambda p: -p["speedup"]):
+        lines.append(f"| {p['name']} | {p['speedup']:.2f}x | {num(p['flop_ratio'], '.2f')}x | "
+                     f"{num(p['psnr'], '.1f')} | {'yes' if p['front'] else ''} |")
+    return "\n".join(lines + [f"note: {note}" for note in notes])
+
+
+def _plot(path: str, doc: Dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 7))
+    points = [p for p in doc["points"] if p["psnr"] is not None]
+    for p in points:
+        ax.plot(p["speedup"], p["psnr"], "o", color="tab:red" if p["front"] else "tab:blue")
+        ax.annotate(p["name"], (p["speedup"], p["psnr"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    front = sorted((p for p in points if p["front"]), key=lambda p: p["speedup"])
+    ax.plot([p["speedup"] for p in front], [p["psnr"] for p in front], "-", color="tab:red", label="Pareto front")
+    ax.set(xlabel=f"speed-up per denoiser call ({doc['architecture']}, {doc['res']}², {doc['device']})",
+           ylabel=f"PSNR vs the unpatched model ({doc['yardstick']} yardstick, dB)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
