@@ -21,6 +21,7 @@ class Family:
     patch: dict = None  # apply_patch arguments under which the family merges (default ratio=0.5)
     root: str = ""  # the runtime's root kind (tomesd.adapters.roots) this family stands for
     host_class: str = ""  # the diffusers class it needs, where older diffusers (env b's 0.32) lacks it
+    merged_blocks: Tuple[int, ...] = ()  # the blocks whose self-attention merges under `patch`, on the first grid
 
 
 def _unet_inputs(model, batch=2, seed=1, h=16, w=16):
@@ -40,6 +41,13 @@ def _chronoedit():
     return T.randomize_(ChronoEditTransformer3DModel(**T.WAN), 0)
 
 
+def _skyreels_v2():
+    """SkyReels-V2: Wan's blocks and latent layout (diffusers), Wan's tiny config."""
+    from diffusers import SkyReelsV2Transformer3DModel
+
+    return T.randomize_(SkyReelsV2Transformer3DModel(**T.WAN), 0)
+
+
 def _video_unet_inputs(model, batch=2, seed=1, **grid):
     return T.video_inputs("unet3d", batch=batch, seed=seed, **grid)
 
@@ -52,34 +60,40 @@ def _transformer(kind):
 
 FAMILIES = {
     "sd1-unet": Family("sd1-unet", T.unet, _unet_inputs, _run_unet, ("sample", "encoder_hidden_states"), False,
-                       (dict(h=16, w=16), dict(h=12, w=20)), root="UNet"),
+                       (dict(h=16, w=16), dict(h=12, w=20)), merged_blocks=(0, 4, 5), root="UNet"),
     "sd3": Family("sd3", **_transformer("sd3"), batched=("hidden_states", "timestep", "encoder_hidden_states",
                                                          "pooled_projections"), one_matching=False,
-                  root="diffusion transformer"),
+                  merged_blocks=(0, 1, 2), root="diffusion transformer"),
     "pixart": Family("pixart", **_transformer("pixart"), batched=("hidden_states", "timestep", "encoder_hidden_states"),
-                     one_matching=False, root="diffusion transformer"),
+                     one_matching=False, merged_blocks=(0, 1, 2), root="diffusion transformer"),
     "flux": Family("flux", T.flux, lambda model, batch=2, seed=1, **grid: T.flux_inputs(batch=batch, seed=seed, **grid),
                    lambda model, inputs: T.run_transformer(model, inputs),
                    ("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"), True,
-                   (dict(h=8, w=8), dict(h=6, w=10)), root="Flux"),
+                   (dict(h=8, w=8), dict(h=6, w=10)), merged_blocks=(0, 1, 2, 3), root="Flux"),
     "wan": Family("wan", T.wan, lambda model, batch=2, seed=1, **grid: T.wan_inputs(batch=batch, seed=seed, **grid),
                   T.run_wan, ("hidden_states", "timestep", "encoder_hidden_states"), True,
-                  (dict(frames=3, h=8, w=8), dict(frames=2, h=6, w=10)), dict(ratio=0.5, st=2), root="Wan",
+                  (dict(frames=3, h=8, w=8), dict(frames=2, h=6, w=10)), dict(ratio=0.5, st=2), merged_blocks=(0, 1),
+                  root="Wan",
                   host_class="WanTransformer3DModel"),
     "chronoedit": Family("chronoedit", _chronoedit,
                          lambda model, batch=2, seed=1, **grid: T.wan_inputs(batch=batch, seed=seed, **grid),
                          T.run_wan, ("hidden_states", "timestep", "encoder_hidden_states"), True,
-                         (dict(frames=3, h=8, w=8), dict(frames=2, h=6, w=10)), root="ChronoEdit",
+                         (dict(frames=3, h=8, w=8), dict(frames=2, h=6, w=10)), merged_blocks=(0, 1), root="ChronoEdit",
                          host_class="ChronoEditTransformer3DModel"),
+    "skyreels-v2": Family("skyreels-v2", _skyreels_v2,
+                          lambda model, batch=2, seed=1, **grid: T.wan_inputs(batch=batch, seed=seed, **grid),
+                          T.run_wan, ("hidden_states", "timestep", "encoder_hidden_states"), True,
+                          (dict(frames=3, h=8, w=8), dict(frames=2, h=6, w=10)), merged_blocks=(0, 1), root="SkyReels-V2",
+                          host_class="SkyReelsV2Transformer3DModel"),
     "cogvideox-1.5": Family("cogvideox-1.5", lambda: T.cogvideox("1.5"),
                             lambda model, batch=2, seed=1, **grid: T.cogvideox_inputs(model, batch=batch, seed=seed,
                                                                                       **grid),
                             T.run_cogvideox, ("hidden_states", "timestep", "encoder_hidden_states"), True,
                             (dict(frames=4, h=8, w=8), dict(frames=2, h=6, w=10)), dict(ratio=0.5, merge_mlp=True),
-                            root="CogVideoX"),
+                            merged_blocks=(0, 1), root="CogVideoX"),
     "unet3d": Family("unet3d", lambda: T.video_unet("unet3d"), _video_unet_inputs, T.run_video,
                      ("sample", "encoder_hidden_states"), False, (dict(frames=4, h=16, w=16), dict(frames=2, h=12, w=20)),
-                     root="video UNet"),
+                     merged_blocks=(0, 1, 2), root="video UNet"),
 }
 
 

@@ -222,12 +222,7 @@ def test_a_forward_on_the_meta_device_merges_without_reading_values(family):
         tomesd.remove_patch(twin)
     assert out.device.type == "meta"
     call = seen.calls[0]
-    assert call.merged_blocks("attn") == FAMILY_MERGED_BLOCKS[family.name]
-
-
-# Which blocks merge their self-attention under the contract's patch, on the default grid.
-FAMILY_MERGED_BLOCKS = {"sd1-unet": [0, 4, 5], "sd3": [0, 1, 2], "pixart": [0, 1, 2], "flux": [0, 1, 2, 3],
-                        "wan": [0, 1], "chronoedit": [0, 1], "cogvideox-1.5": [0, 1], "unet3d": [0, 1, 2]}
+    assert call.merged_blocks("attn") == list(family.merged_blocks)
 
 
 def test_every_root_kind_is_held_to_the_contract():

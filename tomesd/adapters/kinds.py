@@ -161,6 +161,13 @@ BLOCK_KINDS: Dict[str, BlockKind] = {
         # text as `encoder_hidden_states`, returning (image, text); CogVideoX 1.5 / 5B rotate the image
         # queries and keys by rows [image, D]. The feed-forward sees [text, image] joined (its last N tokens
         # merge).
+        BlockKind(  # SkyReels-V2: Wan's block; its self-attention takes the mask and rotary rows by position
+            "SkyReelsV2TransformerBlock",
+            sublayers=(Sublayer("attn1", "merge_attn", tokens=("hidden_states",), rotary="rotary_emb", rotary_axis=1),
+                       Sublayer("attn2", "merge_crossattn", tokens=("hidden_states",)),
+                       Sublayer("ffn", "merge_mlp")),
+            downsample=(Downsample("attn1", "dispatch"),),
+        ),
         BlockKind(
             "CogVideoXBlock",
             sublayers=(Sublayer("attn1", "merge_attn", tokens=("hidden_states",), outputs=(0,),

@@ -47,6 +47,8 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
              supported="the CogVideoX video transformer (torch)"),
     RootKind("ChronoEdit", ("ChronoEditTransformer3DModel",), "spacetime", frame_axis=2,
              supported="the ChronoEdit video transformer (torch)"),
+    RootKind("SkyReels-V2", ("SkyReelsV2Transformer3DModel",), "spacetime", frame_axis=2,
+             supported="the SkyReels-V2 video transformer (torch)"),
     # ComfyUI's own model code (Black Forest Labs' Flux layout, as in Forge and InvokeAI; Stability's MMDiT;
     # Wan's): each patchifies (and pads) its latent inside, Flux with per-token rotary rows.
     RootKind("Flux (ComfyUI)", ("Flux",), "patchgrid", supported="ComfyUI's Flux (comfy.ldm.flux.model.Flux)"),
