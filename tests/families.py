@@ -48,6 +48,21 @@ def _skyreels_v2():
     return T.randomize_(SkyReelsV2Transformer3DModel(**T.WAN), 0)
 
 
+def _wan_vace():
+    """Wan VACE: Wan's blocks, and VACE blocks over the control video's tokens (another sequence, never merged)."""
+    from diffusers import WanVACETransformer3DModel
+
+    return T.randomize_(WanVACETransformer3DModel(**T.WAN, vace_layers=[0, 1], vace_in_channels=8), 0)
+
+
+def _wan_vace_inputs(model, batch=2, seed=1, **grid):
+    inputs = T.wan_inputs(batch=batch, seed=seed, **grid)
+    shape = list(inputs["hidden_states"].shape)
+    shape[1] = 8
+    inputs["control_hidden_states"] = torch.randn(shape, generator=torch.Generator().manual_seed(seed + 50))
+    return inputs
+
+
 def _video_unet_inputs(model, batch=2, seed=1, **grid):
     return T.video_inputs("unet3d", batch=batch, seed=seed, **grid)
 
@@ -85,6 +100,10 @@ FAMILIES = {
                           T.run_wan, ("hidden_states", "timestep", "encoder_hidden_states"), True,
                           (dict(frames=3, h=8, w=8), dict(frames=2, h=6, w=10)), merged_blocks=(0, 1), root="SkyReels-V2",
                           host_class="SkyReelsV2Transformer3DModel"),
+    "wan-vace": Family("wan-vace", _wan_vace, _wan_vace_inputs, T.run_wan,
+                       ("hidden_states", "timestep", "encoder_hidden_states", "control_hidden_states"), True,
+                       (dict(frames=3, h=8, w=8), dict(frames=2, h=6, w=10)), merged_blocks=(0, 1), root="Wan VACE",
+                       host_class="WanVACETransformer3DModel"),
     "cogvideox-1.5": Family("cogvideox-1.5", lambda: T.cogvideox("1.5"),
                             lambda model, batch=2, seed=1, **grid: T.cogvideox_inputs(model, batch=batch, seed=seed,
                                                                                       **grid),

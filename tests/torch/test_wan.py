@@ -323,3 +323,33 @@ def test_reuse_on_a_wan_pipeline_shares_one_matching_per_window_and_equals_the_t
         assert (T.run_wan_pipeline(pipe, steps=6) == clocked).all()
     finally:
         tomesd.remove_patch(pipe)
+
+
+def test_wan_vaces_control_tokens_never_merge(unpatch):
+    """Wan VACE: the main blocks merge the video's tokens; the VACE blocks' self-attention keeps every control token
+    (its own sequence, added back to the video's as hints), and their output is what the unpatched model gives them."""
+    import families
+
+    family = families.FAMILIES["wan-vace"]
+    model = family.build()
+    inputs = family.inputs(model)
+    tokens = 3 * 4 * 4  # frames x (h / 2) x (w / 2)
+    seen = {"main": [], "vace": []}
+    hooks = [block.attn1.to_q.register_forward_hook(lambda m, a, o, key=key: seen[key].append(a[0].shape[1]))
+             for key, blocks in (("main", model.blocks), ("vace", model.vace_blocks)) for block in blocks]
+    vace_out = []
+    hooks += [block.register_forward_hook(lambda m, a, o: vace_out.append(o[1])) for block in model.vace_blocks]
+    try:
+        family.run(model, inputs)
+        base_vace = list(vace_out)
+        seen = {"main": [], "vace": []}
+        vace_out.clear()
+        tomesd.apply_patch(model, ratio=0.5)
+        unpatch(model)
+        family.run(model, inputs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert seen["vace"] == [tokens] * 2 and all(n < tokens for n in seen["main"])
+    # The VACE blocks run before the video's blocks, on its unmerged tokens: their hints are the unpatched ones.
+    assert len(vace_out) == 2 and all(torch.equal(a, b) for a, b in zip(vace_out, base_vace))

@@ -49,6 +49,9 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
              supported="the ChronoEdit video transformer (torch)"),
     RootKind("SkyReels-V2", ("SkyReelsV2Transformer3DModel",), "spacetime", frame_axis=2,
              supported="the SkyReels-V2 video transformer (torch)"),
+    # Wan VACE: Wan's blocks merge; its VACE blocks (another class) carry the control video's tokens whole.
+    RootKind("Wan VACE", ("WanVACETransformer3DModel",), "spacetime", frame_axis=2,
+             supported="the Wan VACE video transformer (torch; its control tokens never merge)"),
     # ComfyUI's own model code (Black Forest Labs' Flux layout, as in Forge and InvokeAI; Stability's MMDiT;
     # Wan's): each patchifies (and pads) its latent inside, Flux with per-token rotary rows.
     RootKind("Flux (ComfyUI)", ("Flux",), "patchgrid", supported="ComfyUI's Flux (comfy.ldm.flux.model.Flux)"),
