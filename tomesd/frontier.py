@@ -15,7 +15,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 ARCH_OF = {"sd1": "sd15", "sd3": "sd3", "video": "animatediff", "wan": "wan"}
 

@@ -7,26 +7,14 @@ import math
 import pytest
 import torch
 
-from tome_core.matching import TokenMerge
+from quality_checks import EXACT, NO_FLOOR, SMALL, broken_unmerge, scores
 from tomesd.quality import model as M
 from tomesd.quality import yardstick as Y
-
-EXACT = Y.Setting("ToMe r=0.5", dict(ratio=0.5))
-SMALL = dict(images=40, chunk=20, steps=8, noise_seeds=2)
 
 
 @pytest.fixture(scope="module")
 def trained():
     return M.load()
-
-
-def scores(report, name):
-    return next(r for r in report["results"] if r.name == name)
-
-
-# Runs that only compare settings skip the baseline's second noise seed: it feeds the floor (the noise band),
-# which PSNR and SSIM against the baseline and FD against real digits do not use.
-NO_FLOOR = dict(SMALL, noise_seeds=1)
 
 
 @pytest.fixture(scope="module")
@@ -51,20 +39,6 @@ def test_trained_baseline_draws_the_digits_it_is_asked_for(sd1_exact):
 # The digits UNet leans little on its 32x32 attention (see the README): a merge broken there alone
 # moves samples by a few dB (measured: 40.6 -> 38.1); across every attention level by far more (31.2 -> 19.2).
 ALL_LEVELS = Y.Setting("ToMe r=0.5 max_downsample=4", dict(ratio=0.5, max_downsample=4))
-
-
-def broken_unmerge(monkeypatch):
-    """A merge whose unmerge hands every token some other token's output."""
-    unmerge = TokenMerge.unmerge
-    perms = {}
-
-    def shuffled(self, x):
-        out = unmerge(self, x)
-        n = out.shape[1]
-        perm = perms.setdefault(n, torch.randperm(n, generator=torch.Generator().manual_seed(n)))
-        return out[:, perm]
-
-    monkeypatch.setattr(TokenMerge, "unmerge", shuffled)
 
 
 @pytest.mark.parametrize("setting,psnr_drop,ssim_drop,fd_factor", [(EXACT, 1.5, 0.005, None), (ALL_LEVELS, 6, 0.1, 1.5)],
@@ -119,231 +93,6 @@ def test_quality_command_refuses_bad_input(argv, message, capsys):
     with pytest.raises(SystemExit) as done:
         main(["quality"] + argv)
     assert done.value.code == 2 and message in capsys.readouterr().err
-
-
-# ---- the SD3-shaped yardstick: joint attention over a 32x32 patch grid and the label's tokens ----
-SD3_BASE = Y.SD3_SETTINGS[0]
-# Measured on the shipped weights with SMALL: the baseline reads as its labels 40/40; exact ToMe r=0.5 lies at
-# 22.0 dB from it (SSIM 0.737), two unrelated baselines at 15.7 dB; with its unmerge broken, 11.3 dB.
-SD3_MIN_ACCURACY = 0.8  # an untrained transformer scores near chance
-SD3_EXACT_PSNR = 21.0
-
-
-@pytest.fixture(scope="module")
-def trained_sd3():
-    return M.load(arch="sd3")
-
-
-@pytest.fixture(scope="module")
-def sd3_exact(trained_sd3):
-    return Y.evaluate([SD3_BASE, EXACT], models=trained_sd3, arch="sd3", **SMALL)
-
-
-def test_sd3_yardstick_draws_digits_and_prices_tome(sd3_exact):
-    report = sd3_exact
-    base, exact = scores(report, "baseline"), scores(report, EXACT.name)
-    assert base.accuracy >= SD3_MIN_ACCURACY, base
-    assert math.isfinite(exact.psnr) and exact.psnr < 60, exact  # ToMe moved the samples ...
-    # ... less than unrelated samples differ, and by a measured amount (see SD3_EXACT_PSNR).
-    assert exact.psnr > report["noise_band"]["unrelated"]["psnr"] + 4, (exact, report["noise_band"])
-    assert exact.psnr > SD3_EXACT_PSNR, exact
-    # the verdict's resolution: the standard error of the mean per-image PSNR, by hand
-    samples = report["samples"]
-    per_image = [10 * math.log10(4.0 / float(((a - b) ** 2).mean()))  # data range 2: images in [-1, 1]
-                 for a, b in zip(samples[EXACT.name], samples["baseline"])]
-    mean = sum(per_image) / len(per_image)
-    se = (sum((p - mean) ** 2 for p in per_image) / (len(per_image) - 1)) ** 0.5 / len(per_image) ** 0.5
-    assert abs(exact.psnr_se - se) < 1e-6 * max(1.0, se) + 1e-9 and exact.above_floor is True
-    assert "resolution: at" in Y.table(report)
-
-
-def test_sd3_yardstick_scores_a_broken_merge_clearly_worse(trained_sd3, sd3_exact, monkeypatch):
-    exact = scores(sd3_exact, EXACT.name)
-    broken_unmerge(monkeypatch)
-    broken = scores(Y.evaluate([SD3_BASE, EXACT], models=trained_sd3, arch="sd3", **NO_FLOOR), EXACT.name)
-    assert broken.psnr < exact.psnr - 3 and broken.ssim < exact.ssim - 0.02, (broken, exact)
-
-
-def test_quality_command_prices_a_step_cache_beside_tome_on_sd3(tmp_path, capsys):
-    from tomesd.cli import main
-
-    out_json = tmp_path / "q.json"
-    with pytest.raises(SystemExit) as done:
-        main(["quality", "--arch", "sd3", "--cache", "taylorseer", "--images", "10", "--chunk", "10", "--steps", "8",
-              "--noise-seeds", "2", "--only", "ToMe r=0.5,downsample f=2 avg", "--json", str(out_json), "--plot", ""])
-    assert done.value.code == 0
-    doc = json.loads(out_json.read_text())
-    assert doc["arch"] == "sd3"
-    rows = {r["name"]: r for r in doc["results"]}
-    # The cache alone, then stacked under each setting: merge mode too (the cache keeps full tokens).
-    assert list(rows) == ["baseline", "ToMe r=0.5", "downsample f=2 avg", "taylorseer alone",
-                          "ToMe r=0.5 + taylorseer", "downsample f=2 avg + taylorseer"]
-    # The cache acts alone (it moves the samples), and stacked both act.
-    assert math.isfinite(rows["taylorseer alone"]["psnr"])
-    for name in ("ToMe r=0.5", "downsample f=2 avg"):
-        stacked = rows[f"{name} + taylorseer"]["psnr"]
-        assert stacked not in (rows[name]["psnr"], rows["taylorseer alone"]["psnr"])
-
-
-def test_quality_command_refuses_a_cache_diffusers_fails_on(capsys):
-    from tomesd.cli import main
-
-    with pytest.raises(SystemExit) as done:
-        main(["quality", "--arch", "sd3", "--cache", "fbc"])
-    assert done.value.code == 2 and "fails on SD3Transformer2DModel in diffusers itself" in capsys.readouterr().err
-
-
-# ---- the video yardstick: AnimateDiff's motion UNet on digits sliding over 8 frames ----
-VIDEO_BASE = Y.VIDEO_SETTINGS[0]
-VIDEO_SMALL = dict(images=8, chunk=8, steps=8, noise_seeds=2)
-VIDEO_NO_FLOOR = dict(VIDEO_SMALL, noise_seeds=1)
-
-
-@pytest.fixture(scope="module")
-def trained_video():
-    return M.load(arch="video")
-
-
-@pytest.fixture(scope="module")
-def video_exact(trained_video):
-    return Y.evaluate([VIDEO_BASE, EXACT], models=trained_video, arch="video", **VIDEO_SMALL)
-
-
-def frame_psnr(a, b):
-    return 10 * math.log10(4.0 / float(((a - b) ** 2).mean()))  # data range 2: pixels in [-1, 1]
-
-
-def coherence(report):
-    """How much closer each frame of a clip is to the clip's next frame than to the next frame of a clip of the
-    same label drawn from other noise (dB): what the clip keeps over time beyond what its label gives."""
-    clips, others = report["samples"]["baseline"], report["baselines_other_noise"][0]
-    steps = range(clips.shape[2] - 1)
-    same = [frame_psnr(c[:, f], c[:, f + 1]) for c in clips for f in steps]
-    other = [frame_psnr(c[:, f], d[:, f + 1]) for c, d in zip(clips, others) for f in steps]
-    return sum(same) / len(same) - sum(other) / len(other)
-
-
-def test_video_yardstick_draws_clips_that_hold_together_over_time(trained_video, video_exact):
-    """The trained motion model keeps a clip's frames alike (its digit moves, it does not jump); the image
-    UNet run frame by frame (the motion modules' outputs zeroed: each frame drawn from its own noise) does not."""
-    trained = coherence(video_exact)
-    per_frame = M.build("video")[0]
-    per_frame.load_state_dict(M.load(arch="sd1")[0].state_dict(), strict=False)
-    with torch.no_grad():
-        for name, p in per_frame.named_parameters():
-            if "motion_modules" in name and "proj_out" in name:
-                p.zero_()
-    per_frame.eval()
-    alone = Y.evaluate([VIDEO_BASE], models=(per_frame, trained_video[1], trained_video[2]), arch="video",
-                       **VIDEO_SMALL)
-    alone = coherence(alone)
-    assert trained > 3 and alone < trained - 2, (trained, alone)
-
-
-def test_video_yardstick_prices_tome_per_frame_and_over_time(video_exact):
-    report = video_exact
-    exact = scores(report, EXACT.name)
-    unrelated = report["noise_band"]["unrelated"]
-    assert math.isfinite(exact.psnr) and exact.psnr < 60, exact  # ToMe moved the clips ...
-    assert exact.psnr > unrelated["psnr"] + 10 and exact.above_floor is True, (exact, unrelated)  # ... less than unrelated
-    assert exact.accuracy is None and exact.fd is None  # the classifier reads centred digits, not clips
-    # by hand: PSNR at each frame index, and the PSNR of frame-to-frame changes against the baseline's
-    x, base = report["samples"][EXACT.name], report["samples"]["baseline"]
-    assert exact.psnr_by_frame == pytest.approx([frame_psnr(x[:, :, f], base[:, :, f]) for f in range(M.FRAMES)],
-                                                abs=1e-4)
-    assert exact.temporal_psnr == pytest.approx(frame_psnr(x.diff(dim=2), base.diff(dim=2)), abs=1e-4)
-    per_clip = torch.tensor([frame_psnr(c.diff(dim=1), b.diff(dim=1)) for c, b in zip(x, base)])
-    assert exact.temporal_psnr_se == pytest.approx(float(per_clip.std() / len(per_clip) ** 0.5), rel=1e-3)
-    assert exact.temporal_psnr > unrelated["temporal_psnr"] + 10
-    table = Y.table(report)
-    assert "temporal PSNR vs baseline" in table and "clips" in table
-
-
-def test_video_yardstick_scores_a_broken_merge_clearly_worse(trained_video, video_exact, monkeypatch):
-    exact = scores(video_exact, EXACT.name)
-    broken_unmerge(monkeypatch)
-    broken = scores(Y.evaluate([VIDEO_BASE, EXACT], models=trained_video, arch="video",
-                               **VIDEO_NO_FLOOR), EXACT.name)
-    assert broken.psnr < exact.psnr - 1.5 and broken.temporal_psnr < exact.temporal_psnr - 1.5, (broken, exact)
-
-
-def test_moving_digits_slide_in_straight_lines_and_bounce():
-    x, y = M.digits()
-    clips, labels = M.moving_digits(x, y, 16, torch.Generator().manual_seed(3))
-    assert clips.shape == (16, 1, M.FRAMES, M.IMAGE, M.IMAGE) and labels.shape == (16,)
-    assert clips.min() >= -1 and clips.max() <= 1
-    moved = 0
-    for clip in clips[:, 0]:
-        lit = [(f > -1).nonzero() for f in clip]  # the digit's pixels in each frame
-        corner = torch.stack([p.min(0).values for p in lit])
-        # the same digit in every frame, shifted whole
-        assert all(torch.equal(p - c, lit[0] - corner[0]) for p, c in zip(lit, corner))
-        step = corner.diff(dim=0)
-        assert (step.abs() <= 1).all()  # at most a pixel a frame along each axis ...
-        # ... at one speed per axis but for one frame at a bounce, where the direction turns (at most once:
-        # 7 frames at a pixel cross less than the canvas' 8 pixels of room around a 24-pixel digit)
-        for axis in range(2):
-            speeds, signs = step[:, axis].abs(), step[:, axis].sign()
-            assert (speeds != speeds.max()).sum() <= 1, step[:, axis]
-            turns = (signs[signs != 0].diff() != 0).sum()
-            assert turns <= 1, step[:, axis]
-        moved += bool(step.abs().sum())
-    assert moved >= 12  # most clips move
-
-
-# ---- the space-time yardstick: Wan's transformer on the same clips, one grid of frames x rows x columns ----
-WAN_BASE = Y.WAN_SETTINGS[0]
-LIGHT = Y.Setting("ToMe r=0.25", dict(ratio=0.25))
-CROSS_FRAME = Y.Setting("ToMe r=0.5 st=2", dict(ratio=0.5, st=2))
-# First Block Cache at diffusers' default threshold skips no step of this model (its first block's residual
-# moves more than 0.05 between steps): a setting that samples the baseline's clips bit for bit.
-FBC_DEFAULT = Y.Setting("fbc alone", None, "fbc")
-WAN_SMALL = dict(images=4, chunk=4, steps=6, noise_seeds=2)
-
-
-@pytest.fixture(scope="module")
-def wan_report():
-    return Y.evaluate([WAN_BASE, LIGHT, EXACT, CROSS_FRAME, FBC_DEFAULT], models=M.load(arch="wan"), arch="wan",
-                      **WAN_SMALL)
-
-
-def test_a_setting_equal_to_the_baseline_reads_identical_not_infinite(wan_report):
-    """A cache that skipped nothing gives the baseline's clips: the table says so, and counts it as closer than
-    unrelated clips (it once printed 'inf ± nan' and 'no')."""
-    same = scores(wan_report, FBC_DEFAULT.name)
-    assert torch.equal(wan_report["samples"][FBC_DEFAULT.name], wan_report["samples"][WAN_BASE.name])
-    assert same.identical and same.above_floor is True
-    assert not any(scores(wan_report, s.name).identical for s in (LIGHT, EXACT, CROSS_FRAME))
-    row = next(line for line in Y.table(wan_report).splitlines() if line.startswith("| fbc alone |"))
-    assert "identical to the baseline" in row and "inf" not in row and "nan" not in row and row.endswith("| yes |")
-
-
-def test_wan_yardstick_draws_clips_that_hold_together_over_time(wan_report):
-    """Trained on moving digits, Wan keeps a clip's frames alike: each frame is far closer to its own clip's
-    next frame than to the next frame of another clip of the label; an untrained Wan draws noise, alike to
-    neither."""
-    torch.manual_seed(0)  # before building: the initial weights come from the global generator
-    untrained = M.build("wan")
-    for module in untrained:
-        module.eval()
-    models = (untrained[0], untrained[1], M.load(arch="wan")[2])
-    noise = coherence(Y.evaluate([WAN_BASE], models=models, arch="wan", **WAN_SMALL))
-    assert coherence(wan_report) > 3 and abs(noise) < 1, (coherence(wan_report), noise)
-
-
-def test_wan_yardstick_prices_cross_frame_merging_beside_per_frame(wan_report):
-    """st=2 (one dst per two frames: tokens merge into the neighbouring frame's) is a setting of its own, priced
-    per frame and over time like st=1; the yardstick resolves ratios (r=0.25 clearly closer than r=0.5) and
-    places r=0.5 above unrelated clips."""
-    samples, unrelated = wan_report["samples"], wan_report["noise_band"]["unrelated"]
-    assert not torch.equal(samples[CROSS_FRAME.name], samples[EXACT.name])
-    light = scores(wan_report, LIGHT.name)
-    for name in (EXACT.name, CROSS_FRAME.name):
-        r = scores(wan_report, name)
-        assert math.isfinite(r.psnr) and r.psnr > unrelated["psnr"] + 1 and r.above_floor is True, (r, unrelated)
-        assert len(r.psnr_by_frame) == M.FRAMES and math.isfinite(r.temporal_psnr), r
-        assert light.psnr > r.psnr + 2 and light.temporal_psnr > r.temporal_psnr + 2, (light, r)
-    assert [s.kwargs.get("st") for s in Y.WAN_SETTINGS[1:]].count(2) >= 2  # `quality --arch wan` prices st=2
 
 
 # ---- FD against the sample count: where FD starts to separate settings ----
