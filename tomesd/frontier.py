@@ -63,6 +63,8 @@ def run(args: Any) -> int:
 
         settings = S.with_cache(settings, caches.names(args.cache))
         closeness = _closeness(args, settings)
+        if args.closeness and not args.only:  # the settings that closeness file priced
+            settings = [settings[0]] + [s for s in settings[1:] if s.name in closeness]
     except (ValueError, FileNotFoundError) as exc:
         print(f"tomesd frontier: error: {exc}", file=sys.stderr)
         return 2
@@ -77,6 +79,9 @@ def run(args: Any) -> int:
     for setting in settings[1:]:
         if setting.kwargs and "ratio_schedule" in setting.kwargs:
             notes.append(f"{setting.name}: not timed (a ratio schedule follows a pipeline's loop)")
+            continue
+        if setting.kwargs and args.depth and max(setting.kwargs.get("blocks") or [0]) >= args.depth:
+            notes.append(f"{setting.name}: not timed (its blocks are beyond --depth {args.depth})")
             continue
         timed.append((setting, config_of(setting)))
     configs = [Config("baseline")] + [config for _, config in timed]
