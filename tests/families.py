@@ -7,6 +7,7 @@ from typing import Callable, Tuple
 import torch
 
 import tiny_torch as T
+import tiny_transformers as X
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,27 @@ FAMILIES = {
                        ("hidden_states", "timestep", "encoder_hidden_states", "control_hidden_states"), True,
                        (dict(frames=3, h=8, w=8), dict(frames=2, h=6, w=10)), merged_blocks=(0, 1), root="Wan VACE",
                        host_class="WanVACETransformer3DModel"),
+    "chroma": Family("chroma", X.chroma, X.chroma_inputs, X.run, ("hidden_states", "encoder_hidden_states", "timestep"),
+                     True, (dict(h=8, w=8), dict(h=6, w=10)), merged_blocks=(0, 1, 2, 3), root="Chroma",
+                     host_class="ChromaTransformer2DModel"),
+    "flux2": Family("flux2", X.flux2, X.flux2_inputs, X.run,
+                    ("hidden_states", "encoder_hidden_states", "timestep", "guidance", "img_ids", "txt_ids"), True,
+                    (dict(h=8, w=8), dict(h=6, w=10)), merged_blocks=(0, 1, 2, 3), root="Flux.2",
+                    host_class="Flux2Transformer2DModel"),
+    "cogview4": Family("cogview4", X.cogview4, X.cogview4_inputs, X.run,
+                       ("hidden_states", "encoder_hidden_states", "timestep", "original_size", "target_size",
+                        "crop_coords"), True, (dict(h=16, w=16), dict(h=12, w=20)), merged_blocks=(0, 1),
+                       root="CogView4", host_class="CogView4Transformer2DModel"),
+    "sana": Family("sana", X.sana, X.sana_inputs, X.run,
+                   ("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask"), False,
+                   (dict(h=8, w=8), dict(h=6, w=10)), merged_blocks=(0, 1), root="diffusion transformer"),
+    "hunyuan-dit": Family("hunyuan-dit", X.hunyuan_dit, X.hunyuan_dit_inputs, X.run,
+                          ("hidden_states", "encoder_hidden_states", "text_embedding_mask", "encoder_hidden_states_t5",
+                           "text_embedding_mask_t5", "timestep", "image_meta_size", "style"), True,
+                          (dict(h=16, w=16), dict(h=12, w=20)), merged_blocks=(0, 1, 2, 3), root="HunyuanDiT"),
+    "auraflow": Family("auraflow", X.auraflow, X.auraflow_inputs, X.run,
+                       ("hidden_states", "encoder_hidden_states", "timestep"), False,
+                       (dict(h=16, w=16), dict(h=12, w=20)), merged_blocks=(0, 1, 2, 3), root="AuraFlow"),
     "cogvideox-1.5": Family("cogvideox-1.5", lambda: T.cogvideox("1.5"),
                             lambda model, batch=2, seed=1, **grid: T.cogvideox_inputs(model, batch=batch, seed=seed,
                                                                                       **grid),

@@ -128,6 +128,10 @@ def validate(patch: Any) -> None:
     if args.proportional_attention and getattr(patch.host, "key_weight_seam", None) is None:
         raise ValueError(f"proportional_attention weighs merged keys inside torch's scaled_dot_product_attention, and "
                          f"{name} runs on another framework here; apply_patch with proportional_attention=False")
+    if args.proportional_attention:
+        for block, kind in zip(patch.blocks, patch.kinds):
+            if kind.no_weights:
+                raise ValueError(f"proportional_attention cannot run on {type(block).__name__}: {kind.no_weights}")
     if args.mode == "downsample":
         _validate_downsample(patch)
         return

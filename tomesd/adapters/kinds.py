@@ -7,10 +7,13 @@ block classes; what it knows of root models is in roots.py.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional
 
 from .frameworks import class_names
+from .kind_types import ROTATIONS, BlockKind, Downsample, Span, Sublayer
+
+__all__ = ["BLOCK_KINDS", "KNOWN_BLOCKS", "ROTATIONS", "BlockKind", "Downsample", "Span", "Sublayer", "block_kind",
+           "in_temporal_container", "sublayer"]
 
 def _rotates_inside(model: str) -> str:
     return (
@@ -18,88 +21,6 @@ def _rotates_inside(model: str) -> str:
         f"function, so no seam takes the rotated keys before attention; use mode='merge', which merges image "
         f"tokens with their rotary positions (diffusers' {model} takes mode='downsample' at its attention dispatch)"
     )
-
-
-@dataclass(frozen=True)
-class Sublayer:
-    """A sub-layer of a block whose input tokens `tokens` are the block's image tokens [B, N, C]
-    (or, with tail=True, a sequence whose last N tokens are)."""
-
-    name: str  # attribute of the block
-    flag: str  # the ToMeArgs flag that merges around it
-    tokens: Tuple[str, ...] = ("hidden_states", "x")  # input names (else its first positional input)
-    outputs: Tuple[int, ...] = ()  # where image tokens sit in a tuple output (those present); (): the output itself
-    rotary: Optional[str] = None  # input of per-token (cos, sin) rows that follow the tokens
-    rotary_axis: int = 0  # the token axis of those rows (Flux: [S, D]; Wan: [1, S, 1, D])
-    rotates: str = ""  # how its processor applies rows with no batch axis, where the dispatch can do it (ROTATIONS)
-    # Where its attention's keys hold the merged image keys: at the end of the key sequence (alone, or after text:
-    # Flux's [text, image]), or at its start (True: SD3's [image, text]). Read for proportional attention.
-    image_keys_first: bool = False
-
-
-@dataclass(frozen=True)
-class Span:
-    """Tokens merged from the output of one sub-layer to the outputs of others: for blocks whose sub-layers
-    are not called on the image tokens alone, or whose attention is a function rather than a module. The
-    image (the last N tokens) of `start`'s output `start_output` merges, each of `ends`' outputs unmerges.
-    Flux's single blocks (diffusers): norm -> (attn, proj_mlp) -> proj_out. Sub-layers are attribute paths
-    ("x_block.attn.proj"). Between them the host may only apply per-sample affine maps to the tokens (the
-    modulation of DiT blocks), which commute with averaging tokens."""
-
-    start: str
-    start_output: Optional[int]  # index in a tuple output; None: the output itself
-    ends: Tuple[str, ...]
-    flag: str
-    attention: str  # the attention inside (a module, or the block itself where attention is a function)
-    rotary_at: Optional[str] = None  # what takes per-token rotary rows inside the span ("": the block itself)
-    rotary: str = "image_rotary_emb"
-    rotary_axis: int = 0  # the token axis of those rows
-    rotates: str = ""  # as Sublayer.rotates
-    # The module whose own forward calls the attention (proportional attention weighs its keys there); None: the
-    # attention is a function called between the span's start and its first end (Black Forest Labs' layout).
-    attention_call: Optional[str] = None
-
-
-# Rotary rows with a batch axis (rotary_axis > 0: Wan's [1, S, 1, D], ComfyUI's [B, 1, S, ...]) follow a matching
-# per sample as they are. Rows with none ([S, D], Flux in diffusers) cannot; where the processor hands its rotated
-# queries and keys to diffusers' attention dispatch, the processor gets identity rows and each sample's rows are
-# applied at the dispatch instead (backends/torch_dispatch.py), in the host's own arithmetic. The ways known:
-# "cos_sin": diffusers' apply_rotary_emb with real (cos, sin) rows, interleaved pairs, on [B, S, heads, dim].
-ROTATIONS = ("cos_sin",)
-
-
-@dataclass(frozen=True)
-class Downsample:
-    """How one self-attention of a block takes keys and values from the downsampled grid.
-
-    "context": its context argument (`encoder_hidden_states` / `context`) gets the downsampled tokens,
-      so the host's processor projects keys and values from them (the attention is otherwise self-attention);
-    "projections": pre-hooks on its `to_k` / `to_v` give them the downsampled tokens, for attentions
-      whose context argument carries text (SD3's joint attention): image keys shrink, text keys stay.
-    "dispatch": the processor's call of diffusers' attention dispatch gets the rotated keys and values with
-      their image rows (the last N) downsampled (backends/torch_dispatch.py), for processors that rotate keys
-      after projecting them (Flux, Wan): text keys stay whole, queries stay full.
-    """
-
-    attention: str
-    via: str
-
-
-@dataclass(frozen=True)
-class BlockKind:
-    class_name: str
-    sublayers: Tuple[Sublayer, ...]
-    downsample: Tuple[Downsample, ...]
-    tokens: Tuple[str, ...] = ("hidden_states", "x")  # the block's image-token input (the last N tokens of it)
-    spans: Tuple[Span, ...] = ()
-    token_position: Optional[int] = None  # where the image tokens arrive when forward takes *args only
-    # Why mode="downsample" is refused on this kind, when it is.
-    no_downsample: str = ""
-
-    @property
-    def self_attention(self) -> str:
-        """The sub-layer whose keys are the image tokens (the first one listed, or a span's attention)."""
-        return self.sublayers[0].name if self.sublayers else self.spans[0].attention
 
 
 BLOCK_KINDS: Dict[str, BlockKind] = {
@@ -177,6 +98,92 @@ BLOCK_KINDS: Dict[str, BlockKind] = {
             no_downsample=(
                 "CogVideoX's attention processor joins text and image tokens before projecting keys and values "
                 "(and rotates the image keys after), so no seam takes image keys alone; use mode='merge'"),
+        ),
+        # Chroma: Flux's blocks under other class names (its norms are pruned: modulation comes from the root).
+        BlockKind(
+            "ChromaTransformerBlock",
+            sublayers=(Sublayer("attn", "merge_attn", tokens=("hidden_states",), outputs=(0, 2),
+                                rotary="image_rotary_emb", rotates="cos_sin"),
+                       Sublayer("ff", "merge_mlp")),
+            downsample=(Downsample("attn", "dispatch"),),
+        ),
+        BlockKind(
+            "ChromaSingleTransformerBlock",
+            sublayers=(),
+            downsample=(Downsample("attn", "dispatch"),),
+            spans=(Span("norm", 0, ("proj_out",), "merge_attn", attention="attn", rotary_at="attn", rotates="cos_sin",
+                        attention_call="attn"),),
+        ),
+        # Flux.2 double-stream blocks: as Flux's (joint attention over [text, image], rows [text + image, D]).
+        BlockKind(
+            "Flux2TransformerBlock",
+            sublayers=(Sublayer("attn", "merge_attn", tokens=("hidden_states",), outputs=(0,),
+                                rotary="image_rotary_emb", rotates="cos_sin"),
+                       Sublayer("ff", "merge_mlp")),
+            downsample=(Downsample("attn", "dispatch"),),
+        ),
+        # Flux.2 single-stream blocks see [text, image] joined; a "parallel" block: one attention module projects
+        # q, k, v and the MLP's input together and projects both out together, so norm's output merges (the
+        # modulation after it is per sample) and the attention module's output unmerges, inside its forward chain:
+        # a step cache on `attn` keeps full tokens as it is. (attention="": no cache seat inside the span, which
+        # would unmerge that output a second time; attention_call names the module whose keys are weighed.)
+        BlockKind(
+            "Flux2SingleTransformerBlock",
+            sublayers=(),
+            downsample=(Downsample("attn", "dispatch"),),
+            spans=(Span("norm", None, ("attn",), "merge_attn", attention="", rotary_at="attn", rotates="cos_sin",
+                        attention_call="attn"),),
+        ),
+        # CogView4: joint attention over [text, image] given the image as hidden_states, returning (image, text),
+        # its image queries and keys rotated by rows [image, D] inside the processor (no dispatch). The block's
+        # one feed-forward module runs on the image and then on the text, so it is not a merge site.
+        BlockKind(
+            "CogView4TransformerBlock",
+            sublayers=(Sublayer("attn1", "merge_attn", tokens=("hidden_states",), outputs=(0,),
+                                rotary="image_rotary_emb"),),
+            downsample=(),
+            no_downsample=(
+                "CogView4's attention processor joins text and image tokens before projecting keys and values "
+                "and calls torch's attention itself, so no seam takes image keys alone; use mode='merge'"),
+        ),
+        # Sana: linear self-attention over the image, cross-attention to the text; its feed-forward (GLUMBConv)
+        # is a convolution over the (height, width) token grid, so it is not a merge site.
+        BlockKind(
+            "SanaTransformerBlock",
+            sublayers=(Sublayer("attn1", "merge_attn"), Sublayer("attn2", "merge_crossattn")),
+            downsample=(Downsample("attn1", "context"),),
+            no_weights=("Sana's self-attention is linear attention (ReLU kernels, no softmax), so there are no scores "
+                        "for a merged key's weight; apply_patch with proportional_attention=False"),
+        ),
+        # HunyuanDiT: self-attention and cross-attention over the image, both rotating its queries (the
+        # self-attention its keys too) by rows [image, D]; the feed-forward. Skip connections join at the block's
+        # input, whole.
+        BlockKind(
+            "HunyuanDiTBlock",
+            sublayers=(Sublayer("attn1", "merge_attn", rotary="image_rotary_emb"),
+                       Sublayer("attn2", "merge_crossattn", rotary="image_rotary_emb"),
+                       Sublayer("ff", "merge_mlp")),
+            downsample=(),
+            no_downsample=(
+                "HunyuanDiT's processor rotates keys after projecting them and calls torch's attention itself, so "
+                "no seam takes the rotated keys; use mode='merge'"),
+        ),
+        # AuraFlow's MMDiT blocks: joint attention over [text, image] given the image as hidden_states, returning
+        # (image, text); image keys and values come from to_k / to_v alone (text's from add_k_proj / add_v_proj).
+        BlockKind(
+            "AuraFlowJointTransformerBlock",
+            sublayers=(Sublayer("attn", "merge_attn", tokens=("hidden_states",), outputs=(0,)),
+                       Sublayer("ff", "merge_mlp")),
+            downsample=(Downsample("attn", "projections"),),
+        ),
+        # AuraFlow's single blocks see [text, image] joined: attention and feed-forward merge its last N tokens.
+        BlockKind(
+            "AuraFlowSingleTransformerBlock",
+            sublayers=(Sublayer("attn", "merge_attn", tokens=("hidden_states",)), Sublayer("ff", "merge_mlp")),
+            downsample=(),
+            no_downsample=(
+                "AuraFlow's single blocks project keys and values of [text, image] joined with one to_k / to_v and "
+                "call torch's attention itself, so no seam takes image keys alone; use mode='merge'"),
         ),
         # Black Forest Labs' layout (ComfyUI, Forge, InvokeAI): Flux's blocks build q, k, v themselves and call
         # attention as a function, with the rotary rows `pe` [B, 1, text + image, ...] as the block's own input.

@@ -39,6 +39,21 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
     RootKind("Flux", ("FluxTransformer2DModel", "FluxControlNetModel"), "ids", suffix=True, ids="img_ids",
              joined_references=("FluxKontextPipeline", "FluxKontextInpaintPipeline"),
              supported="a Flux transformer or ControlNet (torch)"),
+    # Chroma: Flux's layout (packed latent, img_ids rows (0, row, col)) under its own class, whose name would
+    # otherwise end with "Transformer2DModel" and read as a patchified latent.
+    RootKind("Chroma", ("ChromaTransformer2DModel",), "ids", ids="img_ids",
+             supported="the Chroma transformer (torch; without an attention_mask)"),
+    # Flux.2: a packed latent whose img_ids rows are (t=0, row, col, l=0); Flux2Pipeline, Flux2KleinPipeline and
+    # Flux2KleinInpaintPipeline join reference (or condition) image tokens after the target's, as Flux Kontext does.
+    RootKind("Flux.2", ("Flux2Transformer2DModel",), "ids", ids="img_ids",
+             joined_references=("Flux2Pipeline", "Flux2KleinPipeline", "Flux2KleinInpaintPipeline"),
+             supported="the Flux.2 transformer (torch)"),
+    # Patchified latents [B, C, H, W] whose blocks see [text, image] joined (AuraFlow's single blocks) or whose
+    # rotary rows [image, D] are applied inside processors that do not dispatch (CogView4, HunyuanDiT): the
+    # image is the last N tokens, matched once for the batch where rotary rows cannot follow each sample.
+    RootKind("AuraFlow", ("AuraFlowTransformer2DModel",), "patchgrid", supported="the AuraFlow transformer (torch)"),
+    RootKind("CogView4", ("CogView4Transformer2DModel",), "patchgrid", supported="the CogView4 transformer (torch)"),
+    RootKind("HunyuanDiT", ("HunyuanDiT2DModel",), "patchgrid", supported="the HunyuanDiT transformer (torch)"),
     # Video transformers: every frame's tokens in one sequence, frames outermost. Wan [B, C, F, H, W],
     # CogVideoX [B, F, C, H, W].
     RootKind("Wan", ("WanTransformer3DModel",), "spacetime", frame_axis=2,
@@ -58,9 +73,10 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
     RootKind("SD3 (ComfyUI)", ("MMDiT",), "patches", supported="ComfyUI's SD3 / SD3.5 MMDiT"),
     RootKind("Wan (ComfyUI)", ("WanModel",), "spacetime", frame_axis=2, supported="ComfyUI's Wan (comfy.ldm.wan.model.WanModel)"),
     # Denoisers that patchify their latent once: SD3Transformer2DModel, PixArtTransformer2DModel,
-    # DiTTransformer2DModel, ppdiffusers' Transformer2DModel (PixArt, DiT), SD3ControlNetModel.
+    # DiTTransformer2DModel, ppdiffusers' Transformer2DModel (PixArt, DiT), SD3ControlNetModel,
+    # SanaTransformer2DModel.
     RootKind("diffusion transformer", ("Transformer2DModel", "SD3ControlNetModel"), "patches", suffix=True,
-             supported="an SD3 / SD3.5, PixArt or DiT transformer (torch or paddle)"),
+             supported="an SD3 / SD3.5, PixArt, DiT or Sana transformer (torch or paddle)"),
     # Video UNets: the latent is [B, C, F, H, W] ([B, F, C, H, W] for SVD), H and W last; the spatial blocks
     # see one frame per batch row, so tomesd's level rule merges within each frame.
     RootKind("video UNet", ("UNetMotionModel", "UNet3DConditionModel", "UNetSpatioTemporalConditionModel",

@@ -1,0 +1,90 @@
+"""The fields of a block kind (kinds.BLOCK_KINDS): which sub-layers of a transformer block see the image tokens,
+the spans between sub-layers, how its self-attention takes downsampled keys and values, and what it refuses."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+
+@dataclass(frozen=True)
+class Sublayer:
+    """A sub-layer of a block whose input tokens `tokens` are the block's image tokens [B, N, C]
+    (or, with tail=True, a sequence whose last N tokens are)."""
+
+    name: str  # attribute of the block
+    flag: str  # the ToMeArgs flag that merges around it
+    tokens: Tuple[str, ...] = ("hidden_states", "x")  # input names (else its first positional input)
+    outputs: Tuple[int, ...] = ()  # where image tokens sit in a tuple output (those present); (): the output itself
+    rotary: Optional[str] = None  # input of per-token (cos, sin) rows that follow the tokens
+    rotary_axis: int = 0  # the token axis of those rows (Flux: [S, D]; Wan: [1, S, 1, D])
+    rotates: str = ""  # how its processor applies rows with no batch axis, where the dispatch can do it (ROTATIONS)
+    # Where its attention's keys hold the merged image keys: at the end of the key sequence (alone, or after text:
+    # Flux's [text, image]), or at its start (True: SD3's [image, text]). Read for proportional attention.
+    image_keys_first: bool = False
+
+
+@dataclass(frozen=True)
+class Span:
+    """Tokens merged from the output of one sub-layer to the outputs of others: for blocks whose sub-layers
+    are not called on the image tokens alone, or whose attention is a function rather than a module. The
+    image (the last N tokens) of `start`'s output `start_output` merges, each of `ends`' outputs unmerges.
+    Flux's single blocks (diffusers): norm -> (attn, proj_mlp) -> proj_out. Sub-layers are attribute paths
+    ("x_block.attn.proj"). Between them the host may only apply per-sample affine maps to the tokens (the
+    modulation of DiT blocks), which commute with averaging tokens."""
+
+    start: str
+    start_output: Optional[int]  # index in a tuple output; None: the output itself
+    ends: Tuple[str, ...]
+    flag: str
+    attention: str  # the attention inside (a module, or the block itself where attention is a function)
+    rotary_at: Optional[str] = None  # what takes per-token rotary rows inside the span ("": the block itself)
+    rotary: str = "image_rotary_emb"
+    rotary_axis: int = 0  # the token axis of those rows
+    rotates: str = ""  # as Sublayer.rotates
+    # The module whose own forward calls the attention (proportional attention weighs its keys there); None: the
+    # attention is a function called between the span's start and its first end (Black Forest Labs' layout).
+    attention_call: Optional[str] = None
+
+
+# Rotary rows with a batch axis (rotary_axis > 0: Wan's [1, S, 1, D], ComfyUI's [B, 1, S, ...]) follow a matching
+# per sample as they are. Rows with none ([S, D], Flux in diffusers) cannot; where the processor hands its rotated
+# queries and keys to diffusers' attention dispatch, the processor gets identity rows and each sample's rows are
+# applied at the dispatch instead (backends/torch_dispatch.py), in the host's own arithmetic. The ways known:
+# "cos_sin": diffusers' apply_rotary_emb with real (cos, sin) rows, interleaved pairs, on [B, S, heads, dim].
+ROTATIONS = ("cos_sin",)
+
+
+@dataclass(frozen=True)
+class Downsample:
+    """How one self-attention of a block takes keys and values from the downsampled grid.
+
+    "context": its context argument (`encoder_hidden_states` / `context`) gets the downsampled tokens,
+      so the host's processor projects keys and values from them (the attention is otherwise self-attention);
+    "projections": pre-hooks on its `to_k` / `to_v` give them the downsampled tokens, for attentions
+      whose context argument carries text (SD3's joint attention): image keys shrink, text keys stay.
+    "dispatch": the processor's call of diffusers' attention dispatch gets the rotated keys and values with
+      their image rows (the last N) downsampled (backends/torch_dispatch.py), for processors that rotate keys
+      after projecting them (Flux, Wan): text keys stay whole, queries stay full.
+    """
+
+    attention: str
+    via: str
+
+
+@dataclass(frozen=True)
+class BlockKind:
+    class_name: str
+    sublayers: Tuple[Sublayer, ...]
+    downsample: Tuple[Downsample, ...]
+    tokens: Tuple[str, ...] = ("hidden_states", "x")  # the block's image-token input (the last N tokens of it)
+    spans: Tuple[Span, ...] = ()
+    token_position: Optional[int] = None  # where the image tokens arrive when forward takes *args only
+    # Why mode="downsample" is refused on this kind, when it is.
+    no_downsample: str = ""
+    # Why proportional_attention is refused on this kind, when it is (an attention with no softmax scores).
+    no_weights: str = ""
+
+    @property
+    def self_attention(self) -> str:
+        """The sub-layer whose keys are the image tokens (the first one listed, or a span's attention)."""
+        return self.sublayers[0].name if self.sublayers else self.spans[0].attention
