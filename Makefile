@@ -32,9 +32,10 @@ demo: $(TORCH_ENV)/.ready
 
 test: test-core test-torch test-paddle
 
-# (b) runs on two pytest-xdist workers, a file per worker at a time (--dist loadfile: a file's shared models are
-# built once), one compute thread each (tests/conftest.py): its tests are Python-bound (9:13 -> 6:02). (a)'s are
-# compute-bound (the yardsticks' sampling): on one thread per worker they took longer than on one process (13:07).
+# (a) and (b) run on two pytest-xdist workers, a file per worker at a time (--dist loadfile: a file's shared models
+# are built once), one compute thread each (tests/conftest.py). On this 2-core machine: (a) 13:07 (one process: half
+# of it in 9:00), (b) 6:02 (one process: 18:11 beside other jobs). Tests run in a fixed order where pytest-randomly is
+# not installed (CI).
 
 # (0) the framework-free core alone: tome_core's tests with NumPy (the reference backend, tests/numpy_backend.py)
 #     and pytest, nothing else. The same tests run on torch and paddle as well in (a) and (b).
@@ -43,7 +44,7 @@ test-core: $(CORE_ENV)/.ready
 
 # (a) current torch stack: diffusers 0.42, tomesd 0.1.3 reference, LDM from sdkit.
 test-torch: $(TORCH_ENV)/.ready $(REF_TOMESD) $(COMFYUI)
-	$(TORCH_ENV)/bin/python -m pytest -q --durations=15 tests/core tests/torch tests/cli tests/comfy
+	$(TORCH_ENV)/bin/python -m pytest -q -n 2 --dist loadfile --durations=15 tests/core tests/torch tests/cli tests/comfy
 
 # (b) paddle stack with its older huggingface_hub, plus torch + diffusers 0.32 for cross-framework
 #     parity; the torch adapter tests run here too, so they cover diffusers 0.32 as well. The host
