@@ -69,6 +69,13 @@ class TokenMerge:
             return self.unmerge(x)
         return self._xp.concat([x[:, : s - self.num_merged], self.unmerge(x[:, s - self.num_merged:])], 1)
 
+    def spread(self, x: Any, tail: bool = False) -> Any:
+        """Each token's difference to its merged row's mean: x - unmerge(merge(x)) (zero for tokens alone in their
+        row). With `tail`, over the last N tokens of a longer sequence (tokens in front get zero)."""
+        if tail:
+            return x - self.unmerge_tail(self.merge_tail(x))
+        return x - self.unmerge(self.merge(x))
+
     def gather_rows(self, table: Any, axis: int = 0) -> Any:
         """Rows of a per-token table (rotary positions) along `axis`, whose last N rows are the image's and
         any rows before them the text's (Flux: [text + image, D]; Wan: [1, image, 1, D] with axis=1; ComfyUI's

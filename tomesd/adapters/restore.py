@@ -39,8 +39,8 @@ def keep(hook: Any, site: SiteRestore, positions: Tuple[int, ...], output: Any) 
     local, merge = hook.patch.host.on_local_tokens, site.merge
 
     def residual(position: int, x: Any, tail: bool) -> Any:
-        base = local(lambda t: merge.unmerge_tail(merge.merge_tail(t)) if tail else merge.unmerge(merge.merge(t)), x)
-        site.call.cache.residuals[(id(hook), position, site.call.ordinal)] = (site.matching, x - base)
+        spread = local(lambda t: merge.spread(t, tail), x)  # tome_core: each token minus its row's mean
+        site.call.cache.residuals[(id(hook), position, site.call.ordinal)] = (site.matching, spread)
         return x
 
     _each(positions, output, residual)
