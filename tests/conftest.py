@@ -39,13 +39,19 @@ def _process_state():
     if torch is not None:
         state["grad mode"] = torch.is_grad_enabled()
         state["default dtype"] = str(torch.get_default_dtype())
+    # tests/torch and tests/paddle sit on sys.path's `tests` folder: where a framework is not installed, an
+    # `import paddle` that a test triggers (a refusal's probe) imports the folder as a namespace package, which
+    # libraries that look in sys.modules (einops) then take for the framework.
+    state["test folders imported as a framework"] = sorted(
+        name for name in ("torch", "paddle") if name in sys.modules and getattr(sys.modules[name], "__file__", 1) is None)
     paddle = sys.modules.get("paddle")
     if callable(getattr(paddle, "is_grad_enabled", None)):  # (some tests stand a stub in for paddle)
         state["paddle grad mode"] = paddle.is_grad_enabled()
     return state
 
 
-_STRICT = ("users of the attention dispatch seam", "diffusers' attention backends", "users of the SDPA seam",
+_STRICT = ("test folders imported as a framework", "users of the attention dispatch seam",
+           "diffusers' attention backends", "users of the SDPA seam",
            "torch's scaled_dot_product_attention")
 
 
@@ -74,6 +80,9 @@ def leaves_the_process_as_it_found_it(request):
 
 
 def _restore(before):
+    for name in ("torch", "paddle"):
+        if name in sys.modules and getattr(sys.modules[name], "__file__", 1) is None:
+            del sys.modules[name]
     runtime = sys.modules.get("tomesd.adapters.runtime")
     if runtime is not None:
         for patch in list(runtime.HOOKED):

@@ -15,8 +15,10 @@ class PaddleKit(_Kit):
 
     def __init__(self, device: str, dtype: str):
         try:
-            import paddle
+            # ppdiffusers first: it imports paddle, so a missing paddle is still named, and a folder called
+            # `paddle` on sys.path is never imported as if it were the framework.
             import ppdiffusers  # noqa: F401
+            import paddle
         except ImportError as exc:
             raise MissingBackend(f"--backend paddle needs paddlepaddle and ppdiffusers ({exc.name} is not installed)") from exc
         self.paddle = paddle
