@@ -549,3 +549,19 @@ def test_flops_only_counts_at_full_size_without_running_anything(tmp_path, capsy
 def test_flops_only_is_torch_only(capsys):
     assert bench(["--config", "tiny", "--flops-only", "--backend", "paddle"]) == 2
     assert "--flops-only counts with torch" in capsys.readouterr().err
+
+
+def test_flux2_architecture_counts_keys_where_one_layer_projects_them_with_the_mlp(tmp_path):
+    """--config tiny-flux2 stands in for --arch flux2. 64 pixels: an 8x8 latent packed into 4x4 = 16 image
+    tokens beside 512 text tokens. The double block's to_k sees the 16 image keys; the 2 single blocks have
+    no to_k (one layer projects q, k, v and the MLP's input), so their attention's input is counted: 528."""
+    out_json = tmp_path / "r.json"
+    argv = ["--config", "tiny-flux2", "--res", "64", "--repeats", "1", "--warmup", "0", "--ratios", "0.5",
+            "--modes", "merge,downsample", "--no-memory", "--json", str(out_json)]
+    assert bench(argv) == 0
+    rows = {(r["method"], r["mode"]): r for r in json.loads(out_json.read_text())["results"]}
+    levels = lambda row: sorted(row["tokens"].values())  # noqa: E731
+    assert levels(rows["baseline", "merge"]) == [[16, 16], [2 * 528, 2 * 528]]
+    assert levels(rows["tome", "merge"]) == [[16, 8], [2 * 528, 2 * 520]]  # half the image tokens merge
+    assert levels(rows["tome", "downsample"]) == [[16, 4], [2 * 528, 2 * 516]]  # keys pooled 2x2
+    assert rows["tome", "merge"]["output_change"] > 0 and rows["tome", "downsample"]["output_change"] > 0

@@ -183,8 +183,8 @@ def _model_name(settings: Any) -> str:
     """The architecture as built: the depth used when cut, the frame count of a clip."""
     arch = ARCHS[settings.config]
     name = arch.name
-    if settings.depth and arch.extra == "flux":
-        name += (f" ({settings.depth} of {arch.full_depth} double-stream and {2 * settings.depth} of "
+    if settings.depth and arch.singles_per_double:
+        name += (f" ({settings.depth} of {arch.full_depth} double-stream and {arch.singles_per_double * settings.depth} of "
                  f"{arch.config['num_single_layers']} single-stream blocks)")
     elif settings.depth:
         name += f" ({settings.depth} of {arch.full_depth} blocks)"

@@ -57,6 +57,18 @@ TINY_FLUX = dict(patch_size=1, in_channels=16, num_layers=1, num_single_layers=2
                  axes_dims_rope=(4, 6, 6))
 
 
+# Flux.2-dev (diffusers' Flux2Transformer2DModel defaults): 8 double-stream and 48 single-stream blocks of 48
+# heads x 128; a packed latent of 4 x 32 channels; Mistral 3's hidden states (3 layers of 5120) as the text.
+FLUX2_DEV = dict(patch_size=1, in_channels=128, num_layers=8, num_single_layers=48, attention_head_dim=128,
+                 num_attention_heads=48, joint_attention_dim=15360, mlp_ratio=3.0, axes_dims_rope=(32, 32, 32, 32),
+                 guidance_embeds=True)
+# Flux.2 [klein] 4B (distilled: no guidance input): 5 double-stream and 20 single-stream blocks of 24 heads x 128,
+# Qwen3-4B's hidden states (3 layers of 2560) as the text. Read from its published description (no hub here).
+FLUX2_KLEIN_4B = dict(FLUX2_DEV, num_layers=5, num_single_layers=20, num_attention_heads=24, joint_attention_dim=7680,
+                      guidance_embeds=False)
+TINY_FLUX2 = dict(patch_size=1, in_channels=16, num_layers=1, num_single_layers=2, attention_head_dim=16,
+                  num_attention_heads=2, joint_attention_dim=32, timestep_guidance_channels=16,
+                  axes_dims_rope=(4, 4, 4, 4))
 # AnimateDiff's SD1.5 motion adapter (v1.5-2): two motion modules per block and a motion mid block.
 SD15_MOTION_ADAPTER = dict(
     block_out_channels=(320, 640, 1280, 1280), motion_layers_per_block=2, motion_num_attention_heads=8,
@@ -98,12 +110,14 @@ class Arch:
 
     def __init__(self, name: str, cls: str, config: dict, latent_channels: int, text_dim: int,
                  pooled_dim: int = 0, depth_key: str = "", extra: str = "", motion: "dict | None" = None,
-                 frames: int = 0):
+                 frames: int = 0, singles_per_double: int = 0):
         self.name, self.cls, self.config = name, cls, config
         self.latent_channels, self.text_dim, self.pooled_dim = latent_channels, text_dim, pooled_dim
         self.depth_key, self.extra = depth_key, extra
         self.motion = motion  # video: the motion adapter added to the image UNet (AnimateDiff)
         self.frames = frames or (16 if motion is not None else 0)  # video: the default frames per clip
+        # Flux-style: --depth D keeps D double-stream blocks and this many single-stream blocks per double one
+        self.singles_per_double = singles_per_double
 
     @property
     def video(self) -> bool:
@@ -121,8 +135,8 @@ class Arch:
         config = dict(self.config)
         if depth is not None:
             config[self.depth_key] = depth
-            if self.extra == "flux":  # single-stream blocks cut alike: Flux has two per double block
-                config["num_single_layers"] = 2 * depth
+            if self.singles_per_double:  # single-stream blocks cut alike
+                config["num_single_layers"] = self.singles_per_double * depth
         return config
 
 
@@ -138,9 +152,17 @@ ARCHS = {
                    extra="pixart"),
     "tiny-sd3": Arch("tiny SD3 transformer", "SD3Transformer2DModel", TINY_SD3, 4, 16, 8, "num_layers"),
     # --depth D: D double-stream and 2D single-stream blocks (full: 19 and 38)
-    "flux": Arch("Flux.1-dev transformer", "FluxTransformer2DModel", FLUX_DEV, 16, 4096, 768, "num_layers", extra="flux"),
+    "flux": Arch("Flux.1-dev transformer", "FluxTransformer2DModel", FLUX_DEV, 16, 4096, 768, "num_layers", extra="flux",
+                 singles_per_double=2),
     "tiny-flux": Arch("tiny Flux transformer", "FluxTransformer2DModel", TINY_FLUX, 4, 32, 32, "num_layers",
-                      extra="flux"),
+                      extra="flux", singles_per_double=2),
+    # --depth D: D double-stream and 6D single-stream blocks (full: 8 and 48)
+    "flux2": Arch("Flux.2-dev transformer", "Flux2Transformer2DModel", FLUX2_DEV, 32, 15360, 0, "num_layers",
+                  extra="flux2", singles_per_double=6),
+    "flux2-klein": Arch("Flux.2 [klein] 4B transformer", "Flux2Transformer2DModel", FLUX2_KLEIN_4B, 32, 7680, 0,
+                        "num_layers", extra="flux2", singles_per_double=4),
+    "tiny-flux2": Arch("tiny Flux.2 transformer", "Flux2Transformer2DModel", TINY_FLUX2, 4, 32, 0, "num_layers",
+                       extra="flux2", singles_per_double=2),
     "svd": Arch("SVD img2vid-xt UNet", "UNetSpatioTemporalConditionModel", SVD_XT, 4, 1024, extra="svd", frames=14),
     "tiny-svd": Arch("tiny SVD UNet", "UNetSpatioTemporalConditionModel", TINY_SVD, 4, 32, extra="svd", frames=3),
     "wan": Arch("Wan 2.1 T2V 1.3B transformer", "WanTransformer3DModel", WAN_13B, 16, 4096, 0, "num_layers",

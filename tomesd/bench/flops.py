@@ -34,7 +34,7 @@ def fill_flops(settings: Any, rows: List[Any]) -> None:
         model = kit.build(settings.config, settings.seed, settings.depth)
     inputs = kit.inputs(settings.config, settings.batch, settings.res, settings.seed + 1, settings.frames,
                         settings.width or None)
-    flux = ARCHS[settings.config].extra == "flux"
+    flux = ARCHS[settings.config].extra in ("flux", "flux2")
     for row in rows:
         if not countable(row) or (flux and row.mode == "downsample"):
             continue  # Flux's downsampling reads its image grid from img_ids on the host: not on meta

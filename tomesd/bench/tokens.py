@@ -8,10 +8,9 @@ from typing import Any, Dict, Iterator, List, Tuple
 @contextlib.contextmanager
 def token_counter(model: Any, backend: str) -> Iterator[List[Tuple[str, int]]]:
     """(block name, tokens) self-attention attends over (its keys), per call, in call order. Counted
-    at attn1.to_k, which runs inside the attention, so after any merge (ours, tomesd's or
-    ppdiffusers') or downsampling of the keys."""
+    at the self-attention's to_k (_key_site), which runs inside the attention, so after any merge (ours,
+    tomesd's or ppdiffusers') or downsampling of the keys."""
     from ..adapters.frameworks import host_ops
-    from ..adapters.kinds import block_kind
     from ..adapters.runtime import transformer_blocks
 
     host = host_ops(backend)
@@ -19,12 +18,13 @@ def token_counter(model: Any, backend: str) -> Iterator[List[Tuple[str, int]]]:
     seen: List[Tuple[str, int]] = []
 
     def hook_for(name: str):
-        return lambda module, args: seen.append((name, int(args[0].shape[1])))
+        def count(module: Any, args: tuple, kwargs: dict) -> None:
+            tokens = kwargs.get("hidden_states", args[0] if args else None)
+            seen.append((name, int(tokens.shape[1])))
+        return count
 
-    handles = [
-        getattr(block, block_kind(block).self_attention).to_k.register_forward_pre_hook(hook_for(name))
-        for name, block in host.named_modules(model) if id(block) in blocks
-    ]
+    handles = [_key_site(block).register_forward_pre_hook(hook_for(name), with_kwargs=True)
+               for name, block in host.named_modules(model) if id(block) in blocks]
     seam = None
     if backend == "torch":  # keys downsampled after to_k, at diffusers' attention dispatch (Flux, Wan)
         from ..backends.torch_dispatch import SEAM as seam
@@ -41,6 +41,18 @@ def token_counter(model: Any, backend: str) -> Iterator[List[Tuple[str, int]]]:
             handle.remove()
         if seam is not None:
             seam.observers.remove(shrunk)
+
+
+def _key_site(block: Any) -> Any:
+    """Where a block's self-attention keys are counted: its `to_k` (image keys; text keys of joint attention
+    have their own projection), or, where one layer projects queries, keys and values together (Flux.2's
+    single blocks), the attention module's input, which is the sequence it attends over."""
+    from ..adapters.kinds import block_kind, sublayer
+
+    kind = block_kind(block)
+    name = kind.self_attention or next(span.attention_call for span in kind.spans if span.attention_call)
+    attention = sublayer(block, name)
+    return getattr(attention, "to_k", None) or attention
 
 
 def counts(seen: List[Tuple[str, int]]) -> List[int]:

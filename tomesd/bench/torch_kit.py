@@ -70,6 +70,16 @@ class TorchKit(_Kit):
             ids[..., 2] += torch.arange(side)[None, :]
             extra.update(img_ids=cast(ids.reshape(-1, 3)), txt_ids=cast(torch.zeros(FLUX_TEXT_TOKENS, 3)),
                          guidance=cast(torch.full((batch,), 3.5)))
+        elif arch.extra == "flux2":  # as Flux2Pipeline packs it: ids (t, row, col, l) with a batch axis
+            side = latent // 2
+            x = cast(torch.randn(batch, side * side, 4 * arch.latent_channels, generator=gen))
+            c = cast(torch.randn(batch, FLUX_TEXT_TOKENS, arch.text_dim, generator=gen))
+            n = torch.arange
+            img_ids = torch.cartesian_prod(n(1), n(side), n(side), n(1))
+            txt_ids = torch.cartesian_prod(n(1), n(1), n(1), n(FLUX_TEXT_TOKENS))
+            extra.update(img_ids=img_ids[None].expand(batch, -1, -1).to(self.device),
+                         txt_ids=txt_ids[None].expand(batch, -1, -1).to(self.device),
+                         guidance=cast(torch.full((batch,), 4.0)) if arch.config["guidance_embeds"] else None)
         elif arch.extra == "svd":  # [B, F, C, H, W]: noise and the conditioning image's latent; one image embedding
             x = cast(torch.randn(batch, frames, 2 * arch.latent_channels, latent, latent_w, generator=gen))
             c = cast(torch.randn(batch, 1, arch.text_dim, generator=gen))
