@@ -6,6 +6,7 @@ from typing import Callable, Tuple
 
 import torch
 
+import tiny_image_families as I
 import tiny_torch as T
 import tiny_transformers as X
 
@@ -126,6 +127,30 @@ FAMILIES = {
     "auraflow": Family("auraflow", X.auraflow, X.auraflow_inputs, X.run,
                        ("hidden_states", "encoder_hidden_states", "timestep"), False,
                        (dict(h=16, w=16), dict(h=12, w=20)), merged_blocks=(0, 1, 2, 3), root="AuraFlow"),
+    # Flux's layout under other classes (tests/tiny_image_families.py): one double and one single block each.
+    "bria": Family("bria", I.bria, I.bria_inputs, I.run, ("hidden_states", "encoder_hidden_states", "timestep"), True,
+                   (dict(h=8, w=8), dict(h=6, w=10)), merged_blocks=(0, 1), root="Bria",
+                   host_class="BriaTransformer2DModel"),
+    "bria-fibo": Family("bria-fibo", I.bria_fibo, I.bria_fibo_inputs, I.run,
+                        ("hidden_states", "encoder_hidden_states", "timestep"), True,
+                        (dict(h=8, w=8), dict(h=6, w=10)), merged_blocks=(0, 1), root="Bria FIBO",
+                        host_class="BriaFiboTransformer2DModel"),
+    "longcat-image": Family("longcat-image", I.longcat, I.longcat_inputs, I.run,
+                            ("hidden_states", "encoder_hidden_states", "timestep"), True,
+                            (dict(h=8, w=8), dict(h=6, w=10)), merged_blocks=(0, 1), root="LongCat-Image",
+                            host_class="LongCatImageTransformer2DModel"),
+    "ovis-image": Family("ovis-image", I.ovis, I.ovis_inputs, I.run,
+                         ("hidden_states", "encoder_hidden_states", "timestep"), True,
+                         (dict(h=8, w=8), dict(h=6, w=10)), merged_blocks=(0, 1), root="Ovis-Image",
+                         host_class="OvisImageTransformer2DModel"),
+    "cogview3-plus": Family("cogview3-plus", I.cogview3plus, I.cogview3plus_inputs, I.run,
+                            ("hidden_states", "encoder_hidden_states", "timestep", "original_size", "target_size",
+                             "crop_coords"), False, (dict(h=16, w=16), dict(h=12, w=20)), merged_blocks=(0, 1),
+                            root="CogView3-Plus", host_class="CogView3PlusTransformer2DModel"),
+    "glm-image": Family("glm-image", I.glm_image, I.glm_image_inputs, I.glm_image_run,
+                        ("hidden_states", "encoder_hidden_states", "prior_token_id", "prior_token_drop", "timestep",
+                         "target_size", "crop_coords"), True, (dict(h=16, w=16), dict(h=12, w=20)),
+                        merged_blocks=(0, 1), root="GLM-Image", host_class="GlmImageTransformer2DModel"),
     "cogvideox-1.5": Family("cogvideox-1.5", lambda: T.cogvideox("1.5"),
                             lambda model, batch=2, seed=1, **grid: T.cogvideox_inputs(model, batch=batch, seed=seed,
                                                                                       **grid),

@@ -254,9 +254,13 @@ def test_flux_reads_its_grid_once_per_ids_tensor_and_refuses_a_compiled_first_re
         torch._dynamo.reset()
         with pytest.raises(RuntimeError, match="use mode='merge' under torch.compile"):
             torch.compile(model, backend="eager")(**T.flux_inputs(h=7, w=9))
-        shifted = dict(inputs, img_ids=inputs["img_ids"] + torch.tensor([0.0, 1.0, 0.0]))  # rows from 1
-        with pytest.raises(ValueError, match="row-major order from \\(0, 0\\)"):
-            run(model, shifted)
+        # A grid from another corner (LongCat-Image's ids start at (512, 512)) is read from there, once more.
+        shifted = dict(inputs, img_ids=inputs["img_ids"] + torch.tensor([0.0, 512.0, 512.0]))
+        run(model, shifted)
+        assert [grid for _, grid in layout._grids.values()] == [(1, 7, 9), (1, 7, 9)]
+        transposed = dict(inputs, img_ids=inputs["img_ids"][:, [0, 2, 1]])  # a 9x7 grid in column-major order
+        with pytest.raises(ValueError, match="row-major order from its corner"):
+            run(model, transposed)
     finally:
         torch._dynamo.reset()
         tomesd.remove_patch(model)

@@ -11,15 +11,34 @@ from typing import Any, Dict, Optional
 
 from .frameworks import class_names
 from .kind_types import ROTATIONS, BlockKind, Downsample, Span, Sublayer
+from .kinds_comfy import COMFY_KINDS
 
 __all__ = ["BLOCK_KINDS", "KNOWN_BLOCKS", "ROTATIONS", "BlockKind", "Downsample", "Span", "Sublayer", "block_kind",
            "in_temporal_container", "sublayer"]
 
-def _rotates_inside(model: str) -> str:
-    return (
-        f"{model} here (ComfyUI's layout) rotates keys after projecting them and calls attention as a plain "
-        f"function, so no seam takes the rotated keys before attention; use mode='merge', which merges image "
-        f"tokens with their rotary positions (diffusers' {model} takes mode='downsample' at its attention dispatch)"
+
+def _flux_double(name: str) -> BlockKind:
+    """A Flux-derived double-stream block: its `attn` joint attention over [text, image], given the image as
+    hidden_states and the per-token rows [text + image, D], returns (image, text); its processor rotates with
+    diffusers' apply_rotary_emb and calls the dispatch (so mode='downsample' and per-sample rows work there)."""
+    return BlockKind(
+        name,
+        sublayers=(Sublayer("attn", "merge_attn", tokens=("hidden_states",), outputs=(0,), rotary="image_rotary_emb",
+                            rotates="cos_sin"),
+                   Sublayer("ff", "merge_mlp")),
+        downsample=(Downsample("attn", "dispatch"),),
+    )
+
+
+def _flux_single(name: str) -> BlockKind:
+    """A Flux-derived single-stream block over [text, image] joined: norm -> (attn, proj_mlp) -> proj_out, as
+    FluxSingleTransformerBlock (the MLP's gate and activation in between act on each token alone)."""
+    return BlockKind(
+        name,
+        sublayers=(),
+        downsample=(Downsample("attn", "dispatch"),),
+        spans=(Span("norm", 0, ("proj_out",), "merge_attn", attention="attn", rotary_at="attn", rotates="cos_sin",
+                    attention_call="attn"),),
     )
 
 
@@ -114,6 +133,13 @@ BLOCK_KINDS: Dict[str, BlockKind] = {
             spans=(Span("norm", 0, ("proj_out",), "merge_attn", attention="attn", rotary_at="attn", rotates="cos_sin",
                         attention_call="attn"),),
         ),
+        # Bria, Bria FIBO, LongCat-Image, Ovis-Image (diffusers): Flux's blocks under their own classes and
+        # processors (no IP-Adapter output). Bria FIBO's single blocks get [text, image] joined by the root, and
+        # their `attn` is diffusers' Attention running Bria's processor; Ovis-Image's MLPs are gated (SwiGLU).
+        _flux_double("BriaTransformerBlock"), _flux_single("BriaSingleTransformerBlock"),
+        _flux_double("BriaFiboTransformerBlock"), _flux_single("BriaFiboSingleTransformerBlock"),
+        _flux_double("LongCatImageTransformerBlock"), _flux_single("LongCatImageSingleTransformerBlock"),
+        _flux_double("OvisImageTransformerBlock"), _flux_single("OvisImageSingleTransformerBlock"),
         # Flux.2 double-stream blocks: as Flux's (joint attention over [text, image], rows [text + image, D]).
         BlockKind(
             "Flux2TransformerBlock",
@@ -145,6 +171,28 @@ BLOCK_KINDS: Dict[str, BlockKind] = {
             no_downsample=(
                 "CogView4's attention processor joins text and image tokens before projecting keys and values "
                 "and calls torch's attention itself, so no seam takes image keys alone; use mode='merge'"),
+        ),
+        # GLM-Image: CogView4's block (rows [image, D] rotated inside the processor with the halves layout, which
+        # the dispatch cannot redo per sample; the one feed-forward module runs on the image, then on the text,
+        # so it is not a merge site), whose processor calls diffusers' dispatch: keys shrink there, after the
+        # rotation, the image's rows last (after the text's, and after any condition images' cached keys).
+        BlockKind(
+            "GlmImageTransformerBlock",
+            sublayers=(Sublayer("attn1", "merge_attn", tokens=("hidden_states",), outputs=(0,),
+                                rotary="image_rotary_emb"),),
+            downsample=(Downsample("attn1", "dispatch"),),
+        ),
+        # CogView3-Plus: CogVideoX's joint processor (no rotary rows) given the image as hidden_states, returning
+        # (image, text); the feed-forward sees [text, image] joined (its last N tokens merge).
+        BlockKind(
+            "CogView3PlusTransformerBlock",
+            sublayers=(Sublayer("attn1", "merge_attn", tokens=("hidden_states",), outputs=(0,)),
+                       Sublayer("ff", "merge_mlp")),
+            downsample=(),
+            no_downsample=(
+                "CogView3-Plus's attention processor (CogVideoX's) joins text and image tokens before projecting "
+                "keys and values and calls torch's attention itself, so no seam takes image keys alone; use "
+                "mode='merge'"),
         ),
         # Sana: linear self-attention over the image, cross-attention to the text; its feed-forward (GLUMBConv)
         # is a convolution over the (height, width) token grid, so it is not a merge site.
@@ -185,59 +233,7 @@ BLOCK_KINDS: Dict[str, BlockKind] = {
                 "AuraFlow's single blocks project keys and values of [text, image] joined with one to_k / to_v and "
                 "call torch's attention itself, so no seam takes image keys alone; use mode='merge'"),
         ),
-        # Black Forest Labs' layout (ComfyUI, Forge, InvokeAI): Flux's blocks build q, k, v themselves and call
-        # attention as a function, with the rotary rows `pe` [B, 1, text + image, ...] as the block's own input.
-        # The image stream merges after its norm (the modulation after it is per sample), the attention's output
-        # projection and the MLP unmerge; `pe` follows the merged tokens as the block is entered.
-        BlockKind(
-            "DoubleStreamBlock",
-            sublayers=(),
-            downsample=(),
-            tokens=("img",),
-            spans=(Span("img_norm1", None, ("img_attn.proj",), "merge_attn", attention="img_attn", rotary_at="",
-                        rotary="pe", rotary_axis=2),
-                   Span("img_norm2", None, ("img_mlp",), "merge_mlp", attention="img_attn")),
-            no_downsample=_rotates_inside("Flux"),
-        ),
-        # Its single blocks see [text, image] joined: the image part of pre_norm's output merges, linear1 (q, k,
-        # v and the MLP's input) and attention run on the merged sequence, linear2's output unmerges.
-        BlockKind(
-            "SingleStreamBlock",
-            sublayers=(),
-            downsample=(),
-            spans=(Span("pre_norm", None, ("linear2",), "merge_attn", attention="linear1", rotary_at="",
-                        rotary="pe", rotary_axis=2),),
-            no_downsample=_rotates_inside("Flux"),
-        ),
-        # SD3's MMDiT in ComfyUI (and Stability's reference code): a JointBlock(context, x) pairs a text and an
-        # image DismantledBlock whose q, k, v come from one fused `qkv` and meet in a function. The image's
-        # norm1 output merges (SD3.5's second self-attention `attn2` takes it too), both attentions' `proj` and
-        # the MLP unmerge. The text block is never hooked.
-        BlockKind(
-            "JointBlock",
-            sublayers=(),
-            downsample=(),
-            tokens=("x",),
-            token_position=1,
-            spans=(Span("x_block.norm1", None, ("x_block.attn.proj", "x_block.attn2.proj"), "merge_attn",
-                        attention="x_block.attn"),
-                   Span("x_block.norm2", None, ("x_block.mlp",), "merge_mlp", attention="x_block.attn")),
-            no_downsample=(
-                "SD3's MMDiT (ComfyUI) projects queries, keys and values with one fused layer (qkv), so keys and "
-                "values cannot take other tokens than queries; use mode='merge'"),
-        ),
-        # Wan in ComfyUI (and Wan's own code): as diffusers' Wan block, its rotary rows `freqs` [B, image, 1, ...]
-        # passed to the self-attention by position.
-        BlockKind(
-            "WanAttentionBlock",
-            sublayers=(Sublayer("self_attn", "merge_attn", tokens=("x",), rotary="freqs", rotary_axis=1),
-                       Sublayer("cross_attn", "merge_crossattn", tokens=("x",)),
-                       Sublayer("ffn", "merge_mlp")),
-            downsample=(),
-            tokens=("x",),
-            no_downsample=_rotates_inside("Wan"),
-        ),
-    )
+    ) + COMFY_KINDS
 }
 
 

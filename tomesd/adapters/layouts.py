@@ -200,6 +200,8 @@ class Ids(_Coordinates):
                 "latent's shape does not give them), which a compiled graph cannot do; use mode='merge' under "
                 "torch.compile, or run this patch eagerly")
         rows, cols = self._coords(call, ids)
+        # From the grid's corner, wherever the ids start (LongCat-Image's at (512, 512)), as the matching counts.
+        rows, cols = rows - rows.min(), cols - cols.min()
         n = self.xp.shape(rows)[0]
         h, w = int(host.host_float(rows.max())) + 1, int(host.host_float(cols.max())) + 1
         token = self.xp.arange(n, rows)
@@ -207,7 +209,7 @@ class Ids(_Coordinates):
             self.xp.to_float32(((rows == token // w) & (cols == token % w)).all())) == 1.0
         if not row_major:
             raise ValueError(
-                f"mode='downsample' needs {self.name} to be the image's grid in row-major order from (0, 0), as "
+                f"mode='downsample' needs {self.name} to be the image's grid in row-major order from its corner, as "
                 f"diffusers' Flux pipelines make it; these {n} ids are not a full {h}x{w} grid. Use mode='merge'")
         self._grids = {key: value for key, value in self._grids.items() if value[0]() is not None}
         self._grids[id(ids)] = (weakref.ref(ids), (1, h, w))

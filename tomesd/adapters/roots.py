@@ -48,12 +48,32 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
     RootKind("Flux.2", ("Flux2Transformer2DModel",), "ids", ids="img_ids",
              joined_references=("Flux2Pipeline", "Flux2KleinPipeline", "Flux2KleinInpaintPipeline"),
              supported="the Flux.2 transformer (torch)"),
+    # Flux's layout under other classes (diffusers): Flux-derived double- and single-stream blocks over a packed
+    # latent whose img_ids rows are (modality, row, col). Bria FIBO's pipelines pass a text padding mask whenever
+    # the prompts are padded (with guidance, nearly always), which ToMe's merged self-attention refuses; its edit
+    # pipeline, and LongCat-Image's (whose ids start at (512, 512), or at the prompt's length when editing), join
+    # the reference image's tokens after the target's, their latents returned first by prepare_latents.
+    RootKind("Bria", ("BriaTransformer2DModel",), "ids", ids="img_ids", supported="the Bria transformer (torch)"),
+    RootKind("Bria FIBO", ("BriaFiboTransformer2DModel",), "ids", ids="img_ids",
+             joined_references=("BriaFiboEditPipeline",),
+             supported="the Bria FIBO transformer (torch; without an attention_mask)"),
+    RootKind("LongCat-Image", ("LongCatImageTransformer2DModel",), "ids", ids="img_ids",
+             joined_references=("LongCatImageEditPipeline",), supported="the LongCat-Image transformer (torch)"),
+    RootKind("Ovis-Image", ("OvisImageTransformer2DModel",), "ids", ids="img_ids",
+             supported="the Ovis-Image transformer (torch)"),
     # Patchified latents [B, C, H, W] whose blocks see [text, image] joined (AuraFlow's single blocks) or whose
     # rotary rows [image, D] are applied inside processors that do not dispatch (CogView4, HunyuanDiT): the
     # image is the last N tokens, matched once for the batch where rotary rows cannot follow each sample.
     RootKind("AuraFlow", ("AuraFlowTransformer2DModel",), "patchgrid", supported="the AuraFlow transformer (torch)"),
     RootKind("CogView4", ("CogView4Transformer2DModel",), "patchgrid", supported="the CogView4 transformer (torch)"),
     RootKind("HunyuanDiT", ("HunyuanDiT2DModel",), "patchgrid", supported="the HunyuanDiT transformer (torch)"),
+    # GLM-Image: CogView4's layout (rows [image, D] applied inside its processor, one matching for the batch).
+    RootKind("GLM-Image", ("GlmImageTransformer2DModel",), "patchgrid", supported="the GLM-Image transformer (torch)"),
+    # CogView3-Plus: no rotary rows (its positions are added once, at the patch embedding), so each sample is
+    # matched on its own as on SD3; its own entry names it in the supported list (the suffix rule below would
+    # read it alike).
+    RootKind("CogView3-Plus", ("CogView3PlusTransformer2DModel",), "patches",
+             supported="the CogView3-Plus transformer (torch)"),
     # Video transformers: every frame's tokens in one sequence, frames outermost. Wan [B, C, F, H, W],
     # CogVideoX [B, F, C, H, W].
     RootKind("Wan", ("WanTransformer3DModel",), "spacetime", frame_axis=2,
