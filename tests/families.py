@@ -9,6 +9,7 @@ import torch
 import tiny_image_families as I
 import tiny_torch as T
 import tiny_transformers as X
+import tiny_video_families as V
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,32 @@ FAMILIES = {
                        ("hidden_states", "timestep", "encoder_hidden_states", "control_hidden_states"), True,
                        (dict(frames=3, h=8, w=8), dict(frames=2, h=6, w=10)), merged_blocks=(0, 1), root="Wan VACE",
                        host_class="WanVACETransformer3DModel"),
+    "wan-animate": Family("wan-animate", V.wan_animate, V.wan_animate_inputs, V.run,
+                          ("hidden_states", "timestep", "encoder_hidden_states", "encoder_hidden_states_image",
+                           "pose_hidden_states", "face_pixel_values"), True,
+                          (dict(frames=3, h=8, w=8), dict(frames=2, h=6, w=10)), merged_blocks=(0, 1),
+                          root="Wan Animate", host_class="WanAnimateTransformer3DModel"),
+    "cosmos": Family("cosmos", V.cosmos, V.cosmos_inputs, V.run,
+                     ("hidden_states", "timestep", "encoder_hidden_states"), True,
+                     (dict(frames=3, h=8, w=8), dict(frames=2, h=6, w=10)), merged_blocks=(0, 1), root="Cosmos",
+                     host_class="CosmosTransformer3DModel"),
+    "consisid": Family("consisid", V.consisid, V.consisid_inputs, V.run,
+                       ("hidden_states", "encoder_hidden_states", "timestep"), True,
+                       (dict(frames=3, h=8, w=8), dict(frames=2, h=6, w=10)), merged_blocks=(0, 1), root="ConsisID",
+                       host_class="ConsisIDTransformer3DModel"),
+    "easyanimate": Family("easyanimate", V.easyanimate, V.easyanimate_inputs, V.run,
+                          ("hidden_states", "timestep", "encoder_hidden_states"), True,
+                          (dict(frames=3, h=8, w=8), dict(frames=2, h=6, w=10)), merged_blocks=(0, 1),
+                          root="EasyAnimate", host_class="EasyAnimateTransformer3DModel"),
+    "sana-video": Family("sana-video", V.sana_video, V.sana_video_inputs, V.run,
+                         ("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask"), True,
+                         (dict(frames=3, h=8, w=8), dict(frames=2, h=6, w=10)), merged_blocks=(0, 1),
+                         root="Sana-Video", host_class="SanaVideoTransformer3DModel"),
+    # Latte's spatial blocks merge within each frame (its frames ride in their batch), so each frame is matched
+    # on its own; every grid has the model's video_length frames.
+    "latte": Family("latte", V.latte, V.latte_inputs, V.run, ("hidden_states", "encoder_hidden_states", "timestep"),
+                    False, (dict(frames=2, h=8, w=8), dict(frames=2, h=6, w=10)), merged_blocks=(0, 1), root="Latte",
+                    host_class="LatteTransformer3DModel"),
     "chroma": Family("chroma", X.chroma, X.chroma_inputs, X.run, ("hidden_states", "encoder_hidden_states", "timestep"),
                      True, (dict(h=8, w=8), dict(h=6, w=10)), merged_blocks=(0, 1, 2, 3), root="Chroma",
                      host_class="ChromaTransformer2DModel"),

@@ -353,3 +353,29 @@ def test_wan_vaces_control_tokens_never_merge(unpatch):
     assert seen["vace"] == [tokens] * 2 and all(n < tokens for n in seen["main"])
     # The VACE blocks run before the video's blocks, on its unmerged tokens: their hints are the unpatched ones.
     assert len(vace_out) == 2 and all(torch.equal(a, b) for a, b in zip(vace_out, base_vace))
+
+
+def test_wan_animates_pose_and_face_conditions_never_merge(unpatch):
+    """Wan Animate: no condition token joins the blocks' sequence (its pose latents are added to the target's
+    tokens before the blocks, its face features are keys of face adapters between blocks), so the blocks merge the
+    target's tokens alone, and each face adapter sees every token, unmerged, between merged blocks."""
+    import families
+
+    family = families.FAMILIES["wan-animate"]
+    model = family.build()
+    inputs = family.inputs(model)
+    tokens = 3 * 4 * 4  # frames (the reference frame's and the pose frames') x (h / 2) x (w / 2)
+    seen = {"blocks": [], "faces": []}
+    hooks = [block.attn1.to_q.register_forward_hook(lambda m, a, o: seen["blocks"].append(a[0].shape[1]))
+             for block in model.blocks]
+    hooks += [face.register_forward_hook(lambda m, a, o: seen["faces"].append((a[0].shape[1], o.shape[1])))
+              for face in model.face_adapter]
+    try:
+        tomesd.apply_patch(model, ratio=0.5)
+        unpatch(model)
+        family.run(model, inputs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert len(seen["blocks"]) == 2 and all(n < tokens for n in seen["blocks"])
+    assert seen["faces"] == [(tokens, tokens)] * len(model.face_adapter)

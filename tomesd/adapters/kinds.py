@@ -12,6 +12,7 @@ from typing import Any, Dict, Optional
 from .frameworks import class_names
 from .kind_types import ROTATIONS, BlockKind, Downsample, Span, Sublayer
 from .kinds_comfy import COMFY_KINDS
+from .kinds_video import VIDEO_KINDS
 
 __all__ = ["BLOCK_KINDS", "KNOWN_BLOCKS", "ROTATIONS", "BlockKind", "Downsample", "Span", "Sublayer", "block_kind",
            "in_temporal_container", "sublayer"]
@@ -233,7 +234,7 @@ BLOCK_KINDS: Dict[str, BlockKind] = {
                 "AuraFlow's single blocks project keys and values of [text, image] joined with one to_k / to_v and "
                 "call torch's attention itself, so no seam takes image keys alone; use mode='merge'"),
         ),
-    ) + COMFY_KINDS
+    ) + VIDEO_KINDS + COMFY_KINDS
 }
 
 

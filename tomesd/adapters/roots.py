@@ -87,6 +87,21 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
     # Wan VACE: Wan's blocks merge; its VACE blocks (another class) carry the control video's tokens whole.
     RootKind("Wan VACE", ("WanVACETransformer3DModel",), "spacetime", frame_axis=2,
              supported="the Wan VACE video transformer (torch; its control tokens never merge)"),
+    # Wan 2.2 Animate: Wan's blocks. Its pose latents are added to the target's tokens before the blocks and its
+    # face features enter through face adapters between blocks (keys of their own cross-attention, on every
+    # token), so no condition token joins the blocks' sequence: only the target's merge.
+    RootKind("Wan Animate", ("WanAnimateTransformer3DModel",), "spacetime", frame_axis=2,
+             supported="the Wan Animate video transformer (torch; its pose and face conditions never merge)"),
+    # Cosmos (Predict 2 / 2.5): [B, C, F, H, W], Wan's token order; rotary rows [image, D] without a batch axis.
+    RootKind("Cosmos", ("CosmosTransformer3DModel",), "spacetime", frame_axis=2,
+             supported="the Cosmos video transformer (torch)"),
+    # ConsisID: CogVideoX's blocks and latent [B, F, C, H, W]; its face features join between blocks, on every token.
+    RootKind("ConsisID", ("ConsisIDTransformer3DModel",), "spacetime", frame_axis=1,
+             supported="the ConsisID video transformer (torch)"),
+    RootKind("EasyAnimate", ("EasyAnimateTransformer3DModel",), "spacetime", frame_axis=2,
+             supported="the EasyAnimate video transformer (torch)"),
+    RootKind("Sana-Video", ("SanaVideoTransformer3DModel",), "spacetime", frame_axis=2,
+             supported="the Sana-Video transformer (torch)"),
     # ComfyUI's own model code (Black Forest Labs' Flux layout, as in Forge and InvokeAI; Stability's MMDiT;
     # Wan's): each patchifies (and pads) its latent inside, Flux with per-token rotary rows.
     RootKind("Flux (ComfyUI)", ("Flux",), "patchgrid", supported="ComfyUI's Flux (comfy.ldm.flux.model.Flux)"),
@@ -103,6 +118,12 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
                             "I2VGenXLUNet"), "levels", video=True,
              supported="a video UNet (AnimateDiff's UNetMotionModel, UNet3DConditionModel, SVD's "
                        "UNetSpatioTemporalConditionModel, I2VGenXLUNet)"),
+    # Latte: a video transformer whose spatial blocks see one frame per batch row (h x w tokens) and whose temporal
+    # blocks (the same class, in `temporal_transformer_blocks`) see one grid cell's frames. The level rule merges the
+    # spatial blocks within each frame; a temporal block's token count (the frames) fits no grid level at or
+    # below the spatial blocks' (the patch size), so it is left alone (max_downsample could reach it: leave it out).
+    RootKind("Latte", ("LatteTransformer3DModel",), "levels", video=True,
+             supported="the Latte video transformer (torch)"),
 )
 
 # Any other root with known blocks: a UNet (diffusers, ppdiffusers, LDM) or a ControlNet, by tomesd's levels.
