@@ -379,3 +379,23 @@ def test_wan_animates_pose_and_face_conditions_never_merge(unpatch):
             hook.remove()
     assert len(seen["blocks"]) == 2 and all(n < tokens for n in seen["blocks"])
     assert seen["faces"] == [(tokens, tokens)] * len(model.face_adapter)
+
+
+def test_reuse_steps_on_a_bare_model_refuses_a_timestep_per_frame():
+    """Cosmos Video2World passes a timestep per latent frame, [B, 1, T, 1, 1], whose first is the clean condition
+    frame's (the same at every step): read as the step's value, the step would never advance and the first step's
+    matching would serve the whole run. Refused at the first call, naming the pipeline; a timestep per sample runs."""
+    import tiny_video_families as V
+
+    model = V.cosmos().eval()
+    inputs = V.cosmos_inputs(model)
+    per_frame = torch.full((2, 1, 3, 1, 1), 0.5)
+    per_frame[:, :, 0] = 0.0  # the condition frame
+    tomesd.apply_patch(model, ratio=0.5, reuse_steps=3)
+    try:
+        with torch.no_grad():
+            model(**inputs)  # a timestep per sample: runs
+            with pytest.raises(ValueError, match="timestep has shape \\[2, 1, 3, 1, 1\\].*Patch the pipeline"):
+                model(**dict(inputs, timestep=per_frame))
+    finally:
+        tomesd.remove_patch(model)

@@ -45,6 +45,16 @@ class Matcher:
             )
         if timestep is None:
             raise ValueError("reuse_steps needs the timestep of each call, and this call passed None")
+        shape = tuple(getattr(timestep, "shape", ()))
+        if len(shape) > 1:
+            # One timestep per frame or token (Cosmos Video2World, Wan 2.2 TI2V): the first ones may be a clean
+            # condition frame's, the same at every step, so the step would never advance and a matching made at
+            # the first step would be kept for the whole run.
+            raise ValueError(
+                f"reuse_steps on a bare {type(self.patch.root).__name__} tells its steps apart by the timestep's value, and "
+                f"this call's timestep has shape {list(shape)} (one per frame or token, whose first may be a "
+                f"condition's, constant over the steps). Patch the pipeline instead (its scheduler counts the "
+                f"steps), or use reuse_steps=1")
         value = host.host_float(timestep)
         return self.steps.advance(value, rng.timestep_key(self.patch.xp, value), self.steps_reused)
 
