@@ -78,6 +78,11 @@ SD3_SETTINGS = [
                                                      restore_tokens=True)),
     Setting("ToMe r=0.5 merge_mlp reuse 3 prop restore", dict(ratio=0.5, merge_mlp=True, reuse_steps=3,
                                                               proportional_attention=True, restore_tokens=True)),
+    # Candidates for ">= 30 dB at >= 1.8x": more merged, the feed-forward too, longer windows (fewer unmerged steps).
+    Setting("ToMe r=0.75 merge_mlp prop", dict(ratio=0.75, merge_mlp=True, proportional_attention=True)),
+    *[Setting(f"ToMe r={r} merge_mlp reuse {k} prop restore", dict(ratio=r, merge_mlp=True, reuse_steps=k,
+                                                                   proportional_attention=True, restore_tokens=True))
+      for r, k in ((0.75, 3), (0.75, 4), (0.6, 4))],
     Setting("downsample f=2 nearest", dict(mode="downsample")),
     Setting("downsample f=2 avg", dict(mode="downsample", downsample_method="avg")),
     Setting("downsample f=3 nearest", dict(mode="downsample", downsample_factor=3)),
