@@ -79,7 +79,7 @@ class TorchKit(_Kit):
             txt_ids = torch.cartesian_prod(n(1), n(1), n(1), n(FLUX_TEXT_TOKENS))
             extra.update(img_ids=img_ids[None].expand(batch, -1, -1).to(self.device),
                          txt_ids=txt_ids[None].expand(batch, -1, -1).to(self.device),
-                         guidance=cast(torch.full((batch,), 4.0)) if arch.config["guidance_embeds"] else None)
+                         guidance=cast(torch.full((batch,), 4.0)) if arch.config.get("guidance_embeds", True) else None)
         elif arch.extra == "svd":  # [B, F, C, H, W]: noise and the conditioning image's latent; one image embedding
             x = cast(torch.randn(batch, frames, 2 * arch.latent_channels, latent, latent_w, generator=gen))
             c = cast(torch.randn(batch, 1, arch.text_dim, generator=gen))
