@@ -112,6 +112,17 @@ def flux_patcher(seed: int = 0):
     return model_patcher("Flux", FLUX_COMFY, weights), twin
 
 
+# ---- Chroma: ComfyUI's own class (Flux's blocks; its img_in takes the 2x2 patches' channels, 4 x 4) ----
+
+CHROMA_COMFY = dict(image_model="chroma", in_channels=16, out_channels=4, context_in_dim=32, hidden_size=32,
+                    mlp_ratio=4.0, num_heads=2, depth=1, depth_single_blocks=2, axes_dim=[4, 6, 6], theta=10000,
+                    patch_size=2, qkv_bias=True, in_dim=64, out_dim=32, hidden_dim=32, n_layers=1)
+
+
+def chroma_patcher(seed: int = 0):
+    return model_patcher("Chroma", CHROMA_COMFY, seed=seed)
+
+
 class Captured:
     """The diffusion model's calls inside a MODEL's apply_model: (args, kwargs, output) each."""
 

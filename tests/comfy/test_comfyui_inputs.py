@@ -141,3 +141,18 @@ def test_ratio_schedule_refusals_name_what_to_change(models):
         tome(models["flux"], mlp=0.3, schedule="0:0.6")
     with pytest.raises(ValueError, match=r"ToMe node: start must be below stop"):
         ToMe().patch(models["sd1"], 0.5, 0.0, 0.0, "auto", "", True, 1, 0.8, 0.5)
+
+
+# ---- an attention mask over [text, image] (Chroma's text padding, regional prompts on Flux) ----
+
+def test_an_attention_mask_on_a_flux_layout_model_is_refused_naming_the_node(models):
+    """ComfyUI passes Flux-layout models (Flux, Flux.2, Chroma) an `attention_mask` conditioning over the joined
+    [text, image] sequence; merged image tokens would no longer fit it. Refused at the call, naming the node and
+    what works; without the mask the same call merges."""
+    args, conds = _flux_inputs()
+    n = 5 + 8 * 8  # text tokens + image tokens (a 16x16 latent in 2x2 patches)
+    mask = torch.zeros(2, 1, n, n)
+    patched = tome(models["flux"])
+    with pytest.raises(ValueError, match="attention mask.*Bypass the ToMe node"):
+        comfy_host.run(patched, *args, attention_mask=mask, **conds)
+    comfy_host.run(patched, *args, **conds)

@@ -104,7 +104,12 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
              supported="the Sana-Video transformer (torch)"),
     # ComfyUI's own model code (Black Forest Labs' Flux layout, as in Forge and InvokeAI; Stability's MMDiT;
     # Wan's): each patchifies (and pads) its latent inside, Flux with per-token rotary rows.
-    RootKind("Flux (ComfyUI)", ("Flux",), "patchgrid", supported="ComfyUI's Flux (comfy.ldm.flux.model.Flux)"),
+    RootKind("Flux (ComfyUI)", ("Flux",), "patchgrid",
+             supported="ComfyUI's Flux and Flux.2 (comfy.ldm.flux.model.Flux)"),
+    # ComfyUI's Chroma: Flux's DoubleStreamBlock / SingleStreamBlock under its own root class (modulations from
+    # the root's approximator), the latent patchified inside as Flux's.
+    RootKind("Chroma (ComfyUI)", ("Chroma",), "patchgrid",
+             supported="ComfyUI's Chroma (comfy.ldm.chroma.model.Chroma; without an attention mask)"),
     RootKind("SD3 (ComfyUI)", ("MMDiT",), "patches", supported="ComfyUI's SD3 / SD3.5 MMDiT"),
     RootKind("Wan (ComfyUI)", ("WanModel",), "spacetime", frame_axis=2, supported="ComfyUI's Wan (comfy.ldm.wan.model.WanModel)"),
     # Denoisers that patchify their latent once: SD3Transformer2DModel, PixArtTransformer2DModel,
