@@ -66,12 +66,12 @@ class ComfyToMe:
             raise ValueError(
                 f"ToMe cannot reduce {type(net).__name__} with reference latents (Flux Kontext, edit models): their "
                 f"tokens join the image's in every block. Bypass the ToMe node for this model.")
+        # (The ToDo node refuses these Flux-layout models at the node already.)
         flux_layout = {"DoubleStreamBlock", "SingleStreamBlock"} & set(patch.kind_names)
         if kwargs.get("attention_mask") is not None and flux_layout:
-            node = "ToDo" if self.args.mode == "downsample" else "ToMe"
             raise ValueError(
                 f"ToMe cannot reduce {type(net).__name__} given an attention mask (Chroma's text padding, a regional "
-                f"prompt): the mask addresses every text and image token of its self-attention. Bypass the {node} node "
+                f"prompt): the mask addresses every text and image token of its self-attention. Bypass the ToMe node "
                 f"for this model, or leave the mask out.")
         _refuse_attn1_patches(patch, options)
         patch.install(mark=False)
