@@ -123,6 +123,17 @@ def chroma_patcher(seed: int = 0):
     return model_patcher("Chroma", CHROMA_COMFY, seed=seed)
 
 
+# Flux.2: ComfyUI's Flux class with Flux.2's switches (global modulation, SiLU-gated MLPs, 4-axis ids, no biases).
+FLUX2_COMFY = dict(image_model="flux2", in_channels=4, out_channels=4, vec_in_dim=None, context_in_dim=32,
+                   hidden_size=32, mlp_ratio=3.0, num_heads=2, depth=1, depth_single_blocks=2, axes_dim=[4, 4, 4, 4],
+                   theta=2000, patch_size=2, qkv_bias=False, guidance_embed=True, global_modulation=True,
+                   mlp_silu_act=True, ops_bias=False, default_ref_method="index")
+
+
+def flux2_patcher(seed: int = 0):
+    return model_patcher("Flux2", FLUX2_COMFY, seed=seed)
+
+
 class Captured:
     """The diffusion model's calls inside a MODEL's apply_model: (args, kwargs, output) each."""
 

@@ -29,9 +29,9 @@ def todo(model, factor=2, method="nearest", levels="auto", blocks="", start=0.0,
 def _inputs(family: str, seed: int = 1):
     gen = torch.Generator().manual_seed(seed)
     latent = (2, 4, 3, 8, 8) if family == "wan" else (2, 4, 16, 16)
-    text = {"flux": 5, "chroma": 5, "wan": 8}.get(family, 7)
+    text = {"flux": 5, "chroma": 5, "flux2": 5, "wan": 8}.get(family, 7)
     conds = {"y": torch.randn(2, 32, generator=gen)} if family in ("flux", "sd3", "sd3.5") else {}
-    if family == "chroma":  # its approximator embeds the guidance too
+    if family in ("chroma", "flux2"):  # guidance embedded, no pooled vector
         conds = {"guidance": torch.full((2,), 3.5)}
     return (torch.randn(latent, generator=gen), SIGMA, torch.randn(2, text, 32, generator=gen)), conds
 
@@ -43,6 +43,8 @@ def _model(family: str):
         return comfy_host.flux_patcher()[0]
     if family == "chroma":
         return comfy_host.chroma_patcher()
+    if family == "flux2":
+        return comfy_host.flux2_patcher()
     if family in ("sd3", "sd3.5"):
         return comfy_host.sd3_patcher(sd35=family == "sd3.5")
     return comfy_host.wan_patcher()
@@ -58,6 +60,8 @@ EXPECTED = {
     "wan": ("Wan (ComfyUI)", {0: ("attn", 48, 24), 1: ("mlp", 48, 24)}),
     # Chroma: Flux's blocks (one double, two single) under its own root class
     "chroma": ("Chroma (ComfyUI)", {0: ("attn", 64, 32), 1: ("attn", 69, 37), 2: ("attn", 69, 37)}),
+    # Flux.2: ComfyUI's Flux class with global modulation and 4-axis ids (one double, two single blocks)
+    "flux2": ("Flux (ComfyUI)", {0: ("attn", 64, 32), 1: ("attn", 69, 37), 2: ("attn", 69, 37)}),
 }
 
 
