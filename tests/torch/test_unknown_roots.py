@@ -31,3 +31,24 @@ def test_an_unknown_root_names_itself_and_the_family_table():
     finally:
         tomesd.remove_patch(model)
     assert model(torch.randn(2, 64, 32), encoder_hidden_states=torch.randn(2, 3, 16)).shape == (2, 64, 32)
+
+
+class FluxLike(torch.nn.Module):
+    """Flux's double-stream block under a root class ToMe has no entry for (a 4-D latent in, as ComfyUI's
+    Flux-derived roots take): read as a UNet, its tokens would merge by the UNet's level rule."""
+
+    def __init__(self):
+        super().__init__()
+        from diffusers.models.transformers.transformer_flux import FluxTransformerBlock
+
+        self.transformer_blocks = torch.nn.ModuleList([FluxTransformerBlock(32, 2, 16)])
+
+    def forward(self, sample, timestep=None, encoder_hidden_states=None):
+        return sample
+
+
+def test_an_unknown_root_with_a_transformer_familys_blocks_is_refused_at_apply_time():
+    model = FluxLike().eval()
+    with pytest.raises(ValueError, match=r"ToMe does not know FluxLike: its blocks \(FluxTransformerBlock\).*roots\.py"):
+        tomesd.apply_patch(model, ratio=0.5)
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())  # nothing was changed

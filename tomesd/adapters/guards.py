@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .kinds import sublayer
+from .kinds import block_kind, sublayer
+from .roots import SUPPORTED
 from .signatures import CONTEXT, TIMESTEP, InputSpec
 
 KV_PROJECTIONS = ("to_k", "to_v")
@@ -109,6 +110,15 @@ def validate(patch: Any) -> None:
             f"reuse_steps needs the timestep input to tell denoising steps apart, and "
             f"{name}.forward takes none of {TIMESTEP}"
         )
+    if getattr(layout, "guessed", False):  # a root in no family of roots.py, read as a UNet
+        # A UNet's blocks are BasicTransformerBlocks; read as a UNet, blocks of a transformer family (Flux's, with
+        # text before the image, or after it as HunyuanVideo's single blocks) would merge tokens by the wrong rule.
+        foreign = sorted({block_kind(block).class_name for block in patch.blocks} - {"BasicTransformerBlock"})
+        if foreign:
+            raise ValueError(
+                f"ToMe does not know {name}: its blocks ({', '.join(foreign)}) are of kinds ToMe merges in other "
+                f"families, but its own family is not in ToMe's table (tomesd/adapters/roots.py), and read as a UNet "
+                f"its tokens would merge by the wrong rule. Supported: {SUPPORTED}")
     layout.validate(patch)
     if layout.one_grid and args.max_downsample is not None:
         raise ValueError(
