@@ -170,6 +170,16 @@ WAN_COMFY = dict(image_model="wan2.1", model_type="t2v", patch_size=(1, 2, 2), t
                  ffn_dim=64, freq_dim=32, text_dim=32, out_dim=4, num_heads=2, num_layers=2, eps=1e-6)
 
 
+# Qwen-Image: ComfyUI's own class (a Wan-format latent [B, 16, 1, H, W], so a sampler run fits its latent format;
+# img_in takes the 2x2 patches' channels, 16 x 4; the rotary axes (4, 6, 6) fill the head's 16 channels).
+QWEN_COMFY = dict(image_model="qwen_image", patch_size=2, in_channels=64, out_channels=16, num_layers=2,
+                  attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(4, 6, 6))
+
+
+def qwen_patcher(seed: int = 0):
+    return model_patcher("QwenImage", QWEN_COMFY, seed=seed)
+
+
 def sd3_patcher(seed: int = 0, sd35: bool = False):
     return model_patcher("SD3", SD35_COMFY if sd35 else SD3_COMFY, seed=seed)
 

@@ -28,8 +28,9 @@ def todo(model, factor=2, method="nearest", levels="auto", blocks="", start=0.0,
 
 def _inputs(family: str, seed: int = 1):
     gen = torch.Generator().manual_seed(seed)
-    latent = (2, 4, 3, 8, 8) if family == "wan" else (2, 4, 16, 16)
-    text = {"flux": 5, "chroma": 5, "flux2": 5, "wan": 8}.get(family, 7)
+    # Wan's latent [B, C, F, H, W]; Qwen-Image's is Wan 2.1's format (16 channels) with one frame.
+    latent = {"wan": (2, 4, 3, 8, 8), "qwen": (2, 16, 1, 16, 16)}.get(family, (2, 4, 16, 16))
+    text = {"flux": 5, "chroma": 5, "flux2": 5, "wan": 8, "qwen": 8}.get(family, 7)
     conds = {"y": torch.randn(2, 32, generator=gen)} if family in ("flux", "sd3", "sd3.5") else {}
     if family in ("chroma", "flux2"):  # guidance embedded, no pooled vector
         conds = {"guidance": torch.full((2,), 3.5)}
@@ -47,6 +48,8 @@ def _model(family: str):
         return comfy_host.flux2_patcher()
     if family in ("sd3", "sd3.5"):
         return comfy_host.sd3_patcher(sd35=family == "sd3.5")
+    if family == "qwen":
+        return comfy_host.qwen_patcher()
     return comfy_host.wan_patcher()
 
 
@@ -62,6 +65,9 @@ EXPECTED = {
     "chroma": ("Chroma (ComfyUI)", {0: ("attn", 64, 32), 1: ("attn", 69, 37), 2: ("attn", 69, 37)}),
     # Flux.2: ComfyUI's Flux class with global modulation and 4-axis ids (one double, two single blocks)
     "flux2": ("Flux (ComfyUI)", {0: ("attn", 64, 32), 1: ("attn", 69, 37), 2: ("attn", 69, 37)}),
+    # Qwen-Image: double-stream blocks whose attention and image MLP see the 64 image tokens alone (a table entry:
+    # its root and its block kind)
+    "qwen": ("Qwen-Image (ComfyUI)", {0: ("attn", 64, 32), 1: ("mlp", 64, 32)}),
 }
 
 
@@ -108,10 +114,13 @@ def _text_inputs(name: str, net) -> list:
         return [block.txt_attn.qkv for block in net.double_blocks] + [block.txt_mlp for block in net.double_blocks]
     if name in ("sd3", "sd3.5"):
         return [block.context_block.norm1 for block in net.joint_blocks]
+    if name == "qwen":  # the text's projections inside the joint attention, and its MLP
+        return [block.attn.add_q_proj for block in net.transformer_blocks] + [
+            block.txt_mlp for block in net.transformer_blocks]
     return []
 
 
-@pytest.mark.parametrize("name, text", [("flux", 5), ("sd3", 7)])
+@pytest.mark.parametrize("name, text", [("flux", 5), ("sd3", 7), ("qwen", 8)])
 def test_text_tokens_never_merge(name, text):
     model = _model(name)
     args, conds = _inputs(name)

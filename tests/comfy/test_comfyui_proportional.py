@@ -20,7 +20,7 @@ from tomesd.comfyui.nodes import ToMe  # noqa: E402
 SDPA = F.scaled_dot_product_attention
 
 ATTENTION_USERS = ("comfy.ldm.modules.attention", "comfy.ldm.flux.math", "comfy.ldm.modules.diffusionmodules.mmdit",
-                   "comfy.ldm.wan.model")
+                   "comfy.ldm.wan.model", "comfy.ldm.qwen_image.model")
 
 
 def tome(model, proportional):
@@ -38,7 +38,8 @@ def pytorch_attention(monkeypatch):
                 monkeypatch.setattr(module, attr, attention.attention_pytorch)
 
 
-@pytest.mark.parametrize("family, per_site", [("sd1", 1), ("flux", 1), ("sd3.5", 2), ("wan", 1)])
+@pytest.mark.parametrize("family, per_site", [("sd1", 1), ("flux", 1), ("sd3.5", 2), ("wan", 1),
+                                              ("qwen", 1)])
 def test_every_merged_attention_weighs_its_keys(family, per_site, pytorch_attention, monkeypatch):
     model = _model(family)
     args, conds = _inputs(family)

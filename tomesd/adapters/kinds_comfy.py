@@ -69,4 +69,20 @@ COMFY_KINDS: Tuple[BlockKind, ...] = (
         tokens=("x",),
         no_downsample=_rotates_inside("Wan"),
     ),
+    # Qwen-Image in ComfyUI: a double-stream block whose image stream is its own input (hidden_states). Its `attn`
+    # projects the image and the text apart, joins them as [text, image], rotates both by the rows
+    # `image_rotary_emb` [B, 1, text + image, ...] (text rows first, as Flux's `pe`) and splits the output at the
+    # text's length, returning (image, text): the image merges around it, its rows follow. `img_mlp` sees the
+    # image alone; the text's modules are never hooked.
+    BlockKind(
+        "QwenImageTransformerBlock",
+        sublayers=(Sublayer("attn", "merge_attn", tokens=("hidden_states",), outputs=(0,),
+                            rotary="image_rotary_emb", rotary_axis=2),
+                   Sublayer("img_mlp", "merge_mlp", tokens=("hidden_states",))),
+        downsample=(),
+        no_downsample=(
+            "Qwen-Image here (ComfyUI's layout) rotates the joined text and image keys inside its attention module "
+            "and calls attention as a plain function, so no seam takes the rotated image keys alone; use "
+            "mode='merge'"),
+    ),
 )

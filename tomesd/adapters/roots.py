@@ -25,10 +25,15 @@ class RootKind:
     # Pipelines that join reference-image tokens after the target's in one sequence, the target's latents
     # returned first by their prepare_latents (references.py): ToMe merges the target's only.
     joined_references: Tuple[str, ...] = ()
+    # Where the root's class is defined (a module prefix; "": anywhere): ComfyUI's own classes may share a name with
+    # diffusers' (QwenImageTransformer2DModel) and take another latent.
+    module: str = ""
     supported: str = ""  # how the supported-model list names it ("": not listed)
     refused: str = ""  # why ToMe cannot patch it ("": it can)
 
-    def matches(self, names: set) -> bool:
+    def matches(self, names: set, modules: set = frozenset()) -> bool:
+        if self.module and not any(m.startswith(self.module) for m in modules):
+            return False
         return any(n in self.classes or (self.suffix and n.endswith(self.classes)) for n in names)
 
 
@@ -112,6 +117,17 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
              supported="ComfyUI's Chroma (comfy.ldm.chroma.model.Chroma; without an attention mask)"),
     RootKind("SD3 (ComfyUI)", ("MMDiT",), "patches", supported="ComfyUI's SD3 / SD3.5 MMDiT"),
     RootKind("Wan (ComfyUI)", ("WanModel",), "spacetime", frame_axis=2, supported="ComfyUI's Wan (comfy.ldm.wan.model.WanModel)"),
+    # ComfyUI's Qwen-Image: a Wan-format latent [B, C, 1, H, W] patchified inside (2x2, padded) in (row, col) order,
+    # so Wan's space-time grid of one frame (its patch_size attribute, an int, reads as (1, p, p)). Reference
+    # latents (Qwen-Image-Edit) join after the image's tokens: the node refuses them at the call. (diffusers' class
+    # of this name takes a packed latent [B, N, C]: `module` keeps this entry to ComfyUI's.)
+    RootKind("Qwen-Image (ComfyUI)", ("QwenImageTransformer2DModel",), "spacetime", frame_axis=2, module="comfy.",
+             supported="ComfyUI's Qwen-Image (comfy.ldm.qwen_image.model.QwenImageTransformer2DModel; without "
+                       "reference latents)"),
+    # diffusers' Qwen-Image (and Edit): a packed latent [B, N, C] whose grid comes from its `img_shapes` argument.
+    RootKind("Qwen-Image", ("QwenImageTransformer2DModel",), "patches",
+             refused="a transformer over a packed latent whose grid comes from its img_shapes argument, a layout ToMe "
+                     "does not read yet (ComfyUI's own Qwen-Image class merges, through the ToMe node)"),
     # Denoisers that patchify their latent once: SD3Transformer2DModel, PixArtTransformer2DModel,
     # DiTTransformer2DModel, ppdiffusers' Transformer2DModel (PixArt, DiT), SD3ControlNetModel,
     # SanaTransformer2DModel.
@@ -143,8 +159,8 @@ SUPPORTED = (
 
 
 def root_kind(model: Any) -> RootKind:
-    names = class_names(model)
-    return next((kind for kind in ROOT_KINDS if kind.matches(names)), UNET)
+    names, modules = class_names(model), {cls.__module__ for cls in type(model).__mro__}
+    return next((kind for kind in ROOT_KINDS if kind.matches(names, modules)), UNET)
 
 
 def refusal(model: Any) -> Optional[str]:

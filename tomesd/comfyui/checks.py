@@ -44,6 +44,7 @@ _NO_TODO = {
     "DoubleStreamBlock": _ROTATES.format("Flux"),
     "SingleStreamBlock": _ROTATES.format("Flux"),
     "WanAttentionBlock": _ROTATES.format("Wan"),
+    "QwenImageTransformerBlock": _ROTATES.format("Qwen-Image"),
 }
 
 

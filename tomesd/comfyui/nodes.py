@@ -19,8 +19,8 @@ from .checks import (
 __all__ = ["ToMe", "ToDo", "NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "parse_blocks", "parse_schedule"]
 
 CATEGORY = "model_patches/tomesd"
-COVERED = ("ComfyUI's SD1 / SD2 / SDXL UNet (UNetModel), SD3 / SD3.5 (MMDiT), Flux (Flux) and Wan 2.1 / 2.2 "
-           "(WanModel)")
+COVERED = ("ComfyUI's SD1 / SD2 / SDXL UNet (UNetModel), SD3 / SD3.5 (MMDiT), Flux and Flux.2 (Flux), Chroma (Chroma), "
+           "Wan 2.1 / 2.2 (WanModel) and Qwen-Image (QwenImageTransformer2DModel)")
 _LEVELS = ["auto", "1", "2", "4", "8"]
 _SHARE = {"default": 0.0, "min": 0.0, "max": 1.0, "step": 0.01}
 # Ratio widgets end where merging stops (checks.MAX_RATIO: one token of each 2x2 cell stays).
@@ -69,9 +69,9 @@ def _where() -> Dict[str, Any]:
         "levels": (_LEVELS, {"default": "auto", "tooltip": "UNets: reduce in blocks at most this much downsampled "
                                                            "from the latent (auto: the finest level with attention; "
                                                            "SDXL's is 2). Diffusion transformers: leave at auto."}),
-        "blocks": ("STRING", {"default": "", "tooltip": "Diffusion transformers (SD3, Flux, Wan): block indices "
-                                                       "such as '0-18, 30'; empty: every block. UNets: leave "
-                                                       "empty."}),
+        "blocks": ("STRING", {"default": "", "tooltip": "Diffusion transformers (SD3, Flux, Wan, Qwen-Image): block "
+                                                       "indices such as '0-18, 30'; empty: every block. UNets: "
+                                                       "leave empty."}),
     }
 
 
@@ -117,9 +117,9 @@ class ToMe:
                     "Share of the image tokens merged away before self-attention and restored after: queries, keys "
                     "and values all shrink. 0: off. " + _CAP)}),
                 "crossattn_ratio": ("FLOAT", {**_RATIO, "default": 0.0, "tooltip": (
-                    "Share merged away before cross-attention (UNets, Wan; Flux and SD3 have none). 0: off; above "
-                    "0, ratio, crossattn_ratio and mlp_ratio each apply to their own site, from one matching. "
-                    + _CAP)}),
+                    "Share merged away before cross-attention (UNets, Wan; Flux, SD3 and Qwen-Image have none). 0: "
+                    "off; above 0, ratio, crossattn_ratio and mlp_ratio each apply to their own site, from one "
+                    "matching. " + _CAP)}),
                 "mlp_ratio": ("FLOAT", {**_RATIO, "default": 0.0, "tooltip": (
                     "Share merged away before the MLP (feed-forward). 0: off; above 0, as crossattn_ratio. "
                     + _CAP)}),

@@ -1,0 +1,153 @@
+"""ComfyUI's model families beyond test_comfyui.py's contract: Qwen-Image (a table entry: its root and block kind)
+in a sampler run, with its rotary rows following the merged tokens and its refusals; and the families that do not
+fit ToMe's tables (HunyuanVideo, LTX-Video, Lumina 2 / Z-Image, HiDream, Cosmos Predict2), each refused before a
+wrong output, with what the runtime would need to merge it."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import comfy_host
+import tomesd
+
+comfy_host.import_comfy()
+
+from test_comfyui import _inputs, _model, tome, todo  # noqa: E402
+
+SIGMA = torch.full((2,), 0.8)
+
+
+# ---- Qwen-Image ----
+
+def test_qwen_image_rotary_rows_follow_each_samples_merged_tokens(monkeypatch):
+    """The joint attention gets its text rows as they were and, per sample, each merged image token's
+    representative's row: the rows [B, 1, text + image, ...] of the block follow the matching."""
+    import comfy.ldm.qwen_image.model as qwen
+
+    model = _model("qwen")
+    args, conds = _inputs("qwen")
+    rows = []
+    rope = qwen.apply_rope1
+    monkeypatch.setattr(qwen, "apply_rope1", lambda x, freqs: rows.append(freqs) or rope(x, freqs))
+    comfy_host.run(model, *args, **conds)
+    plain = rows[0]  # block 0's query rows, unpatched
+    rows.clear()
+    patched = tome(model)
+    with tomesd.observe(patched) as seen:
+        comfy_host.run(patched, *args, **conds)
+    merge = seen.calls[0].blocks[0].merge
+    reps = merge.representatives  # [B, M]: one matching per sample (the rows carry a batch axis)
+    assert reps.shape == (2, 32)
+    text = args[2].shape[1]
+    assert rows[0].shape[2] == text + 32
+    assert torch.equal(rows[0][:, :, :text], plain[:, :, :text])  # the text's rows untouched
+    for b in range(2):
+        assert torch.equal(rows[0][b, :, text:], plain[b, :, text + reps[b]])
+
+
+def test_qwen_image_runs_in_a_sampler_and_leaves_its_input_model_alone():
+    model = _model("qwen")
+    latent = {"samples": torch.randn(1, 16, 1, 16, 16, generator=torch.Generator().manual_seed(3))}
+    plain = comfy_host.sample(model, cfg=1.0, latent=latent)
+    patched = tome(model, mlp=0.5)
+    with tomesd.observe(patched) as seen:
+        out = comfy_host.sample(patched, cfg=1.0, latent=latent)
+    assert torch.isfinite(out).all() and (out - plain).abs().max() > 1e-3
+    assert len(seen.calls) == 4 and all(call.merged_blocks("mlp") == [0, 1] for call in seen.calls)
+    assert torch.equal(comfy_host.sample(model, cfg=1.0, latent=latent), plain)  # bit for bit after
+
+
+def test_qwen_image_refusals():
+    """Reference latents (Qwen-Image-Edit) join the image's tokens in every block: refused at the call. ToDo has
+    no seam (keys rotated inside the attention module, attention a plain function); there is no
+    cross-attention for crossattn_ratio."""
+    model = _model("qwen")
+    args, conds = _inputs("qwen")
+    reference = [torch.randn(2, 16, 1, 16, 16)]
+    with pytest.raises(ValueError, match="reference latents .* Bypass the ToMe node"):
+        comfy_host.run(tome(model), *args, ref_latents=reference, **conds)
+    with pytest.raises(ValueError, match=r"ToDo node: .*Qwen-Image.*Use the ToMe node on this model \(Qwen-Image\)"):
+        todo(model)
+    with pytest.raises(ValueError, match="ToMe node: crossattn_ratio 0.5 would change nothing"):
+        tome(model, crossattn=0.5)
+
+
+def test_diffusers_class_of_the_same_name_is_refused_at_apply_time_by_its_own_entry():
+    """diffusers' QwenImageTransformer2DModel shares its name with ComfyUI's class but takes a packed latent [B, N, C]
+    sized by `img_shapes`: the ComfyUI entry is kept to ComfyUI's module, and diffusers' class is refused by its own
+    entry before anything changes."""
+    from diffusers import QwenImageTransformer2DModel
+
+    net = QwenImageTransformer2DModel(patch_size=2, in_channels=16, out_channels=4, num_layers=1, attention_head_dim=16,
+                                      num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(4, 6, 6)).eval()
+    with pytest.raises(TypeError, match="cannot patch QwenImageTransformer2DModel: .*img_shapes"):
+        tomesd.apply_patch(net, ratio=0.5)
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in net.modules())
+
+
+# ---- families that do not fit ToMe's tables: refused, never a wrong output ----
+
+def _text(gen, n=6):
+    return torch.randn(2, n, 32, generator=gen)
+
+
+# family -> (ComfyUI supported-model class, tiny unet config, inputs, why it does not fit).
+UNFIT = {
+    # Its DoubleStreamBlocks are built with flipped_img_txt: attention runs over [image, text] and its output is split
+    # at the block input's image length (attn[:, :img.shape[1]]), so image tokens merged after img_norm1 misalign
+    # the split (a shape error); its single blocks see [image, text] and its rows `pe` are [image, text], where
+    # ToMe's spans and rows take the image as the last N. Needs: merging the head of a sequence (kinds and
+    # TokenMerge), and a seam for the flipped split.
+    "hunyuan_video": ("HunyuanVideo", dict(
+        image_model="hunyuan_video", in_channels=4, out_channels=4, vec_in_dim=32, context_in_dim=32, hidden_size=32,
+        mlp_ratio=4.0, num_heads=2, depth=1, depth_single_blocks=1, axes_dim=[4, 6, 6], theta=256, patch_size=[1, 2, 2],
+        qkv_bias=True, guidance_embed=False, byt5=False, meanflow=False, use_cond_type_embedding=False,
+        vision_in_dim=None), lambda g: ((torch.randn(2, 4, 3, 8, 8, generator=g), SIGMA, _text(g)),
+                                        {"y": torch.randn(2, 32, generator=g)})),
+    # Merges as UNets' blocks do once its attn1 takes its rows `pe` [B, 1, N, ...] along (seen: 192 -> 96 tokens),
+    # but LTXVModel names no patch size (its SymmetricPatchifier holds (1, 1, 1)), so no layout reads its grid, and
+    # its block class shares the name BasicTransformerBlock with the UNets' kind, whose ToDo (keys from attn1's
+    # context) meets pe rows for every token in a shape error. Needs: a root kind's patch size, and block kinds
+    # told apart by module (or a root's ToDo refusal).
+    "ltxv": ("LTXV", dict(image_model="ltxv", in_channels=4, cross_attention_dim=32, attention_head_dim=16,
+                          num_attention_heads=2, caption_channels=32, num_layers=2),
+             lambda g: ((torch.randn(2, 4, 3, 8, 8, generator=g), SIGMA, _text(g)), {"attention_mask": None})),
+    # Its blocks (class JointTransformerBlock, as SD3's in diffusers) include the context_refiner's, which see the
+    # text alone (the layout finds fewer tokens than the image's and refuses), and Z-Image pads the image's tokens
+    # with pad tokens after them (pad_tokens_multiple=32), so the image is not the sequence's last N (with those
+    # blocks left out, 36 image tokens merged with 28 pad tokens: seen). Needs: blocks of a root left out by where
+    # they sit, a kind apart from SD3's, and a tail of pad tokens the layout passes whole.
+    "lumina2": ("Lumina2", dict(image_model="lumina2", patch_size=2, in_channels=4, dim=32, n_layers=2,
+                                n_refiner_layers=1, n_heads=2, n_kv_heads=2, multiple_of=16, ffn_dim_multiplier=None,
+                                qk_norm=True, cap_feat_dim=32, axes_dims=[4, 6, 6], axes_lens=[300, 512, 512]),
+                lambda g: ((torch.randn(2, 4, 16, 16, generator=g), SIGMA, _text(g)), {"num_tokens": 6})),
+    # Image first everywhere: the joint attention's rows are [image, text], and its single blocks see [image, text]
+    # (entries as for Flux's blocks ran, merging text with image: seen). Needs: merging the head of a sequence and
+    # rows with the image first; and its edit model (E1) joins the condition image along the width.
+    "hidream": ("HiDream", dict(image_model="hidream", patch_size=2, in_channels=4, out_channels=4, num_layers=1,
+                                num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
+                                caption_channels=[32, 32], text_emb_dim=32, axes_dims_rope=[8, 4, 4],
+                                llama_layers=[0, 1]),
+                lambda g: ((torch.randn(2, 4, 16, 16, generator=g), SIGMA, _text(g)),
+                           {"y": torch.randn(2, 32, generator=g),
+                            "encoder_hidden_states_llama3": torch.randn(2, 2, 6, 32, generator=g)})),
+    # Its blocks (class Block) take and return the grid [B, T, H, W, D], flattening it only around each attention
+    # (the MLP sees the grid), and MiniTrainDIT names no patch_size (patch_spatial, patch_temporal). Needs: block
+    # inputs read as a grid, and a root kind's patch size. (Cosmos 1's GeneralDIT runs [T, H, W, B, D]: tokens
+    # before the batch.)
+    "cosmos_predict2": ("CosmosT2IPredict2", dict(
+        image_model="cosmos_predict2", max_img_h=32, max_img_w=32, max_frames=8, in_channels=4, out_channels=4,
+        patch_spatial=2, patch_temporal=1, model_channels=32, num_blocks=1, num_heads=2, crossattn_emb_channels=32,
+        pos_emb_cls="rope3d"), lambda g: ((torch.randn(2, 4, 3, 8, 8, generator=g), SIGMA, _text(g)), {})),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNFIT))
+def test_a_family_outside_the_tables_is_refused_before_any_wrong_output(name):
+    config_class, config, inputs = UNFIT[name]
+    model = comfy_host.model_patcher(config_class, config)
+    args, conds = inputs(torch.Generator().manual_seed(1))
+    base = comfy_host.run(model, *args, **conds)
+    with pytest.raises(ValueError, match="does not know|found no transformer block ToMe knows"):
+        comfy_host.run(tome(model), *args, **conds)  # at the node, or (LTX-Video) at the first call
+    assert torch.equal(comfy_host.run(model, *args, **conds), base)
