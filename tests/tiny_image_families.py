@@ -5,6 +5,7 @@ forward dozens of times."""
 import torch
 
 from tiny_torch import randomize_
+from tiny_transformers import cogview4_inputs
 
 TEXT = 5  # text tokens
 
@@ -110,13 +111,8 @@ def cogview3plus(seed=0):
     return randomize_(CogView3PlusTransformer2DModel(**COGVIEW3PLUS), seed)
 
 
-def cogview3plus_inputs(model=None, batch=2, h=16, w=16, text=8, seed=1):
-    gen = torch.Generator().manual_seed(seed)
-    size = torch.tensor([[h * 8, w * 8]] * batch)
-    return dict(hidden_states=torch.randn(batch, 4, h, w, generator=gen),
-                encoder_hidden_states=torch.randn(batch, text, 8, generator=gen),
-                timestep=torch.full((batch,), 500), original_size=size, target_size=size,
-                crop_coords=torch.zeros(batch, 2, dtype=torch.long))
+# CogView3-Plus takes CogView4's inputs (latent, text, timestep, sizes and crop): the pipelines build them alike.
+cogview3plus_inputs = cogview4_inputs
 
 
 # ---- GLM-Image: CogView4's layout (latent [B, C, H, W], patch 2, rows [image, D] built inside), prior tokens ----

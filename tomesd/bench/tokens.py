@@ -52,7 +52,8 @@ def _key_site(block: Any) -> Any:
     kind = block_kind(block)
     name = kind.self_attention or next(span.attention_call for span in kind.spans if span.attention_call)
     attention = sublayer(block, name)
-    return getattr(attention, "to_k", None) or attention
+    to_k = getattr(attention, "to_k", None)
+    return attention if to_k is None else to_k
 
 
 def counts(seen: List[Tuple[str, int]]) -> List[int]:
