@@ -1,5 +1,6 @@
 """What the quality yardstick's tests share: the exact setting, the small runs, a broken unmerge."""
 import math
+from types import SimpleNamespace
 
 import torch
 
@@ -15,6 +16,27 @@ NO_FLOOR = dict(SMALL, noise_seeds=1)
 
 def scores(report, name):
     return next(r for r in report["results"] if r.name == name)
+
+
+def sampled_like(report, setting, models):
+    """`setting`'s samples drawn as Y.evaluate drew them for `report` (its noise, labels, chunks and steps) and
+    scored against the report's baseline: what a second evaluate([baseline, setting]) would score, without
+    sampling the baseline again (its samples do not depend on the setting, nor on a monkeypatched merge)."""
+    from tomesd.quality import evaluation, metrics, sampling
+
+    unet, labels_embedding, classifier = models
+    arch, images, chunk, steps = report["arch"], report["images"], report["chunk"], report["steps"]
+    noise, labels = sampling.noise(images, report["seed"], arch), evaluation.labels_for(images)
+    x = torch.cat([evaluation._sample_chunk(unet, labels_embedding, setting, labels[s:s + chunk], noise[s:s + chunk],
+                                            steps, arch)[0] for s in range(0, images, chunk)])
+    base = report["samples"]["baseline"]
+    psnr, ssim = metrics.closeness(x, base).values()
+    scored = SimpleNamespace(psnr=psnr, ssim=ssim, fd=None, temporal_psnr=None, samples=x)
+    if report["real_features"] is not None:
+        scored.fd = metrics.frechet_distance(metrics.features(classifier, x), report["real_features"])
+    if x.dim() == 5:  # clips
+        scored.temporal_psnr = metrics.temporal_psnr(x, base)
+    return scored
 
 
 def broken_unmerge(monkeypatch):

@@ -150,4 +150,7 @@ def test_a_family_outside_the_tables_is_refused_before_any_wrong_output(name):
     base = comfy_host.run(model, *args, **conds)
     with pytest.raises(ValueError, match="does not know|found no transformer block ToMe knows"):
         comfy_host.run(tome(model), *args, **conds)  # at the node, or (LTX-Video) at the first call
+    # The ToDo node likewise: never sent to the ToMe node as if the model were a UNet ToMe could merge
+    with pytest.raises(ValueError, match="does not know|found no transformer block ToMe knows"):
+        comfy_host.run(todo(model), *args, **conds)
     assert torch.equal(comfy_host.run(model, *args, **conds), base)

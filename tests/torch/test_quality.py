@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from quality_checks import EXACT, NO_FLOOR, SMALL, broken_unmerge, scores
+from quality_checks import EXACT, NO_FLOOR, SMALL, broken_unmerge, sampled_like, scores
 from tomesd.quality import model as M
 from tomesd.quality import yardstick as Y
 
@@ -45,10 +45,10 @@ ALL_LEVELS = Y.Setting("ToMe r=0.5 max_downsample=4", dict(ratio=0.5, max_downsa
                          ids=["default-level", "every-level"])
 def test_a_broken_merge_scores_clearly_worse_than_exact_tome(trained, sd1_exact, monkeypatch, setting, psnr_drop,
                                                             ssim_drop, fd_factor):
-    exact = (scores(sd1_exact, setting.name) if setting is EXACT
-             else scores(Y.evaluate([Y.DEFAULT_SETTINGS[0], setting], models=trained, **NO_FLOOR), setting.name))
+    # Both against sd1_exact's baseline, drawn from the same noise and labels: it is not sampled again.
+    exact = scores(sd1_exact, setting.name) if setting is EXACT else sampled_like(sd1_exact, setting, trained)
     broken_unmerge(monkeypatch)
-    broken = scores(Y.evaluate([Y.DEFAULT_SETTINGS[0], setting], models=trained, **NO_FLOOR), setting.name)
+    broken = sampled_like(sd1_exact, setting, trained)
     assert broken.psnr < exact.psnr - psnr_drop, (broken, exact)  # farther from the baseline's samples
     assert broken.ssim < exact.ssim - ssim_drop, (broken, exact)
     if fd_factor is not None:

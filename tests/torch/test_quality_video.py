@@ -4,13 +4,15 @@ import math
 import pytest
 import torch
 
-from quality_checks import EXACT, broken_unmerge, coherence, frame_psnr, scores
+from quality_checks import EXACT, broken_unmerge, coherence, frame_psnr, sampled_like, scores
 from tomesd.quality import model as M
 from tomesd.quality import yardstick as Y
 
 VIDEO_BASE = Y.VIDEO_SETTINGS[0]
-VIDEO_SMALL = dict(images=8, chunk=8, steps=8, noise_seeds=2)
-VIDEO_NO_FLOOR = dict(VIDEO_SMALL, noise_seeds=1)
+# Four clips: measured on the shipped weights, the trained model's coherence is 4.4 dB against 0.4 for the image
+# UNet run frame by frame; exact ToMe r=0.5 lies at 41.2 dB (temporal 44.1) from the baseline, with its unmerge
+# broken at 38.8 (40.5), two unrelated baselines at 13.2 (13.7).
+VIDEO_SMALL = dict(images=4, chunk=4, steps=8, noise_seeds=2)
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +64,7 @@ def test_video_yardstick_prices_tome_per_frame_and_over_time(video_exact):
 def test_video_yardstick_scores_a_broken_merge_clearly_worse(trained_video, video_exact, monkeypatch):
     exact = scores(video_exact, EXACT.name)
     broken_unmerge(monkeypatch)
-    broken = scores(Y.evaluate([VIDEO_BASE, EXACT], models=trained_video, arch="video",
-                               **VIDEO_NO_FLOOR), EXACT.name)
+    broken = sampled_like(video_exact, EXACT, trained_video)  # against video_exact's baseline, not sampled again
     assert broken.psnr < exact.psnr - 1.5 and broken.temporal_psnr < exact.temporal_psnr - 1.5, (broken, exact)
 
 

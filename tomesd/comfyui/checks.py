@@ -16,7 +16,7 @@ from tome_core import ToMeArgs
 
 from ..adapters.frameworks import framework_of, host_ops
 from ..adapters.kinds import block_kind
-from ..adapters.roots import root_kind
+from ..adapters.roots import UNET, root_kind
 from ..adapters.runtime import transformer_blocks
 
 # One dst token stays in each sx x sy (x st) cell and every other token can only merge into a dst, so at most
@@ -111,6 +111,10 @@ class ModelFacts:
         framework = framework_of(net)
         blocks = transformer_blocks(host_ops(framework), net) if framework else []
         kind = root_kind(net)
+        if kind is UNET and any(block_kind(b).class_name != "BasicTransformerBlock" for b in blocks):
+            # A class in no family of the tables, read as a UNet, with a transformer family's blocks: the library
+            # refuses it by its own name; no check here may call it a UNet or send the user to another node.
+            return cls(type(net).__name__, True, [])
         return cls(kind.family.replace(" (ComfyUI)", ""), kind.layout != "levels", blocks)
 
     def numbering(self) -> str:
