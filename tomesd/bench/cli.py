@@ -79,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     from .options import prepare
     from .pipeline import BadModelPath
     from .report import table, verdict, write_json, write_plot
-    from .runner import configurations, fill_memory_reductions, measure_cpu_memory, run_unet
+    from .memory import measure_cpu_memory
+    from .runner import configurations, fill_memory_reductions, run_unet
 
     try:
         prepared = prepare(args)

@@ -4,12 +4,9 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import statistics
-import subprocess
-import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from .kit_base import timed
@@ -271,20 +268,7 @@ def _relative(out: Any, ref: Any) -> float:
     return float(((out - ref) ** 2).sum() ** 0.5 / ((ref ** 2).sum() ** 0.5))
 
 
-def measure_cpu_memory(settings: Settings, rows: List[Row], progress: Callable[[int], None] = lambda n: None) -> None:
-    """Peak RSS of one forward per configuration, each in a fresh process (RSS never shrinks back)."""
-    for row in rows:
-        spec = json.dumps({"settings": asdict(settings), "config": asdict(_config_of(row))})
-        out = subprocess.run(
-            [sys.executable, "-m", "tomesd.bench.memory", spec], capture_output=True, text=True, env=dict(os.environ)
-        )
-        if out.returncode != 0:
-            raise RuntimeError(f"memory probe failed for {row.method} {row.ratio}:\n{out.stderr[-2000:]}")
-        row.peak_mem_bytes = json.loads(out.stdout.strip().splitlines()[-1])["peak_rss_bytes"]
-        progress(1)
-
-
-def _config_of(row: Row) -> Config:
+def config_of(row: Row) -> Config:
     return Config(row.method, row.ratio, row.mode, row.reuse_steps, row.cache)
 
 
