@@ -62,7 +62,7 @@ def test_an_untrained_model_scores_near_chance(trained, sd1_exact):
     for module in untrained:
         module.eval()
     models = (untrained[0], untrained[1], trained[2])  # the trained classifier judges it
-    base = scores(Y.evaluate([Y.DEFAULT_SETTINGS[0]], models=models, **NO_FLOOR), "baseline")
+    base = scores(Y.evaluate([Y.DEFAULT_SETTINGS[0]], models=models, **dict(NO_FLOOR, images=20)), "baseline")
     good = scores(sd1_exact, "baseline")
     assert good.accuracy >= 0.8 and base.accuracy <= 0.3, (base, good)
     assert base.fd > 3 * good.fd, (base, good)
@@ -100,11 +100,11 @@ def test_fd_curve_is_fd_over_prefixes_against_the_baselines_spread_by_hand(train
     from tomesd.quality import fd_curve, metrics
 
     far = Y.Setting("ToMe r=0.75 max_downsample=4", dict(ratio=0.75, max_downsample=4))
-    report = Y.evaluate([Y.DEFAULT_SETTINGS[0], far], models=trained, images=30, chunk=30, steps=4, noise_seeds=3)
+    report = Y.evaluate([Y.DEFAULT_SETTINGS[0], far], models=trained, images=20, chunk=20, steps=4, noise_seeds=3)
     baselines = [report["samples"]["baseline"]] + report["baselines_other_noise"]
     assert len(baselines) == 3
     rows = fd_curve.curve({far.name: report["samples"][far.name]}, baselines, trained[2], report["real_features"],
-                          [10, 30])
+                          [10, 20])
     real = report["real_features"]
     for row in rows:
         n = row["n"]
@@ -114,7 +114,7 @@ def test_fd_curve_is_fd_over_prefixes_against_the_baselines_spread_by_hand(train
         setting = metrics.frechet_distance(metrics.features(trained[2], report["samples"][far.name][:n]), real)
         assert row["diffs"][far.name] == pytest.approx(setting - fd[0])
         assert row["resolved"][far.name] == (abs(setting - fd[0]) > row["band"])
-    # FD is biased upwards at small counts: 10 samples sit farther from the real digits than 30
+    # FD is biased upwards at small counts: 10 samples sit farther from the real digits than 20
     assert rows[0]["baseline_fd"] > rows[1]["baseline_fd"]
 
 
@@ -162,7 +162,7 @@ def test_yardstick_prices_a_ratio_schedule(trained):
     rising = Y.Setting("0.25 then 0.75", dict(ratio_schedule=[(0.0, 0.25), (0.5, 0.75)]))
     low, high = Y.Setting("r=0.25", dict(ratio=0.25)), Y.Setting("r=0.75", dict(ratio=0.75))
     settings = [Y.DEFAULT_SETTINGS[0], EXACT, constant, rising, low, high]
-    report = Y.evaluate(settings, models=trained, images=20, chunk=20, steps=4, noise_seeds=2)
+    report = Y.evaluate(settings, models=trained, images=10, chunk=10, steps=4, noise_seeds=2)
     samples = report["samples"]
     assert torch.equal(samples[constant.name], samples[EXACT.name])  # a constant schedule is exact ToMe
     # two ratios over the run: samples of their own, neither ratio's throughout
