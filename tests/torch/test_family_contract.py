@@ -1,7 +1,8 @@
 """One contract, every model family (tests/families.py): the patch acts (tokens merged in its blocks, seen
 through tomesd.observe), is reversible bit for bit, applying twice equals once, copies and pickles carry
 it, threads equal serial calls, the batch order does not matter, the default random dst pattern is really
-used, and a forward reads no tensor value on the host (on the meta device, and counted on the CPU)."""
+used, a forward reads no tensor value on the host (on the meta device, and counted on the CPU), and SD.Next's
+exact call on a pipeline holding the family's denoiser merges and removes."""
 import copy
 import pickle
 
@@ -206,6 +207,31 @@ def test_reuse_steps_through_a_pipelines_clock_reads_nothing_on_the_host(family)
         tomesd.remove_patch(pipe)
     assert [call.reused > 0 for call in seen.calls] == [False, True, False, True]
     assert reads == [plain] * 4, f"{family.name}: host reads per step {reads}, the unpatched forward's {plain}"
+
+
+class HeldPipeline(DiffusionPipeline):
+    """A pipeline holding the denoiser under diffusers' own component name."""
+
+    def __init__(self, model):
+        self.components = {"unet" if "UNet" in type(model).__name__ else "transformer": model, "vae": None}
+
+
+def test_sdnexts_call_on_a_pipeline_at_its_sliders_top_merges_and_removes(family):
+    """SD.Next's one call (modules/sd_models.py: apply_token_merging) on whatever pipeline is loaded, its ratio
+    slider at 1.0: tomesd 0.1.3 read `.unet` only and SD.Next logs "not supported" on every DiT pipeline."""
+    family, model = family
+    inputs = family.inputs(model)
+    base = family.run(model, inputs)
+    pipe = HeldPipeline(model)
+    tomesd.apply_patch(pipe, ratio=1.0, use_rand=False, merge_attn=True, merge_crossattn=False, merge_mlp=False)
+    try:
+        with tomesd.observe(model) as seen:
+            out = family.run(model, inputs)
+    finally:
+        tomesd.remove_patch(pipe)
+    assert seen.calls[0].merged_blocks("attn"), f"SD.Next's call merged nothing in {family.name}"
+    assert (out - base).abs().max().item() > 1000 * TOL
+    assert torch.equal(family.run(model, inputs), base)
 
 
 def test_a_forward_on_the_meta_device_merges_without_reading_values(family):
