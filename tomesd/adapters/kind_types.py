@@ -17,6 +17,9 @@ class Sublayer:
     outputs: Tuple[int, ...] = ()  # where image tokens sit in a tuple output (those present); (): the output itself
     rotary: Optional[str] = None  # input of per-token (cos, sin) rows that follow the tokens
     rotary_axis: int = 0  # the token axis of those rows (Flux: [S, D]; Wan: [1, S, 1, D])
+    # Rows given as a tuple of tables of which only this item is the image's (diffusers' Qwen-Image: (image rows,
+    # text rows)): it follows the merged tokens, the others stay. None: every table of the input is per token.
+    rotary_item: Optional[int] = None
     rotates: str = ""  # how its processor applies rows with no batch axis, where the dispatch can do it (ROTATIONS)
     # Where its attention's keys hold the merged image keys: at the end of the key sequence (alone, or after text:
     # Flux's [text, image]), or at its start (True: SD3's [image, text]). Read for proportional attention.
@@ -83,6 +86,9 @@ class BlockKind:
     no_downsample: str = ""
     # Why proportional_attention is refused on this kind, when it is (an attention with no softmax scores).
     no_weights: str = ""
+    # Where the block's class is defined (a module prefix; "": anywhere): ComfyUI's QwenImageTransformerBlock shares
+    # diffusers' name and takes other rotary rows.
+    module: str = ""
 
     @property
     def self_attention(self) -> str:

@@ -7,7 +7,7 @@ block classes; what it knows of root models is in roots.py.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from .frameworks import class_names
 from .kind_types import ROTATIONS, BlockKind, Downsample, Span, Sublayer
@@ -43,8 +43,9 @@ def _flux_single(name: str) -> BlockKind:
     )
 
 
+# Keyed by class name, or "name (module...)" for a kind kept to a module (kind_types.BlockKind.module).
 BLOCK_KINDS: Dict[str, BlockKind] = {
-    kind.class_name: kind
+    kind.class_name + (f" ({kind.module}*)" if kind.module else ""): kind
     for kind in (
         # UNets (diffusers, ppdiffusers, LDM), PixArt and DiT.
         BlockKind(
@@ -248,14 +249,18 @@ def sublayer(block: Any, path: str) -> Any:
 
 
 def block_kind(module: Any) -> Optional[BlockKind]:
-    for name in class_names(module):
-        kind = BLOCK_KINDS.get(name)
-        if kind is not None:
-            return kind
+    for cls in type(module).__mro__:
+        for kind in _BY_CLASS.get(cls.__name__, ()):
+            if cls.__module__.startswith(kind.module):
+                return kind
     return None
 
 
-KNOWN_BLOCKS = ", ".join(BLOCK_KINDS)
+_BY_CLASS: Dict[str, Tuple[BlockKind, ...]] = {}
+for _kind in BLOCK_KINDS.values():
+    _BY_CLASS[_kind.class_name] = _BY_CLASS.get(_kind.class_name, ()) + (_kind,)
+
+KNOWN_BLOCKS = ", ".join(_BY_CLASS)
 
 
 # Modules whose transformer blocks attend over frames, not over a frame's grid: AnimateDiff's motion

@@ -84,5 +84,6 @@ COMFY_KINDS: Tuple[BlockKind, ...] = (
             "Qwen-Image here (ComfyUI's layout) rotates the joined text and image keys inside its attention module "
             "and calls attention as a plain function, so no seam takes the rotated image keys alone; use "
             "mode='merge'"),
+        module="comfy.",  # diffusers' class of this name takes rows (image, text) [S, D]: kinds_video.py
     ),
 )

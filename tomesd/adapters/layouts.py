@@ -8,7 +8,7 @@ blocks merge with what r. One strategy per layout; root kinds (roots.py) name th
 - "ids": Flux. One token list whose grid is given by `img_ids`; text may come first in a block's input.
 - "patchgrid": as "patches", matched on grid coordinates (ComfyUI's Flux).
 - "spacetime": Wan, CogVideoX. Every frame's tokens in one sequence (frames, rows, columns); dst strides
-  per axis (st, sy, sx).
+  per axis (st, sy, sx); "packed" (layouts_packed.py): such a grid read from the root's arguments.
 The three coordinate layouts match each sample on its own where every block's rotary rows can follow it,
 else once for the batch (runtime.ToMePatch.per_sample).
 """
@@ -33,9 +33,8 @@ class Layout:
     one_grid = True  # every block sees one grid (blocks are chosen by index, not by level)
     frames_in_sequence = False  # st (a dst stride along time) applies
     latent_dims = 4
-    # How the band rule (bands.py) can split this layout's tokens: "" (not at all), "rows" (bands of whole rows
-    # of one patch grid, on one process), "tokens" (any contiguous bands, as context parallelism splits them:
-    # the grid is given per token).
+    # How the band rule (bands.py) can split this layout's tokens: "" (not at all), "rows" (bands of whole rows of
+    # one patch grid, on one process), "tokens" (any contiguous bands, as context parallelism cuts a per-token grid).
     bands = "rows"
 
     def __init__(self, root: Any, kind: RootKind, xp: Any) -> None:
@@ -261,22 +260,19 @@ class PatchGrid(SpaceTime):
 
 
 def _cells(size: int, patch: int) -> int:
-    # Hosts that pad the latent to a whole number of patches (ComfyUI) see the rounded-up count; the others
-    # require a multiple, where this is the same.
+    # Hosts padding the latent to whole patches (ComfyUI) see the rounded-up count; others need a multiple.
     return -(-size // patch)
 
 
 def _patch_size(root: Any) -> Optional[int]:
     size = _config(root, "patch_size")
-    if size is None:
-        size = getattr(root, "patch_size", None)
+    size = getattr(root, "patch_size", None) if size is None else size
     return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
 
 
 def _spacetime_patch(root: Any) -> Optional[Tuple[int, int, int]]:
     size = _config(root, "patch_size")
-    if size is None:
-        size = getattr(root, "patch_size", None)  # ComfyUI's Wan: an attribute, (1, 2, 2)
+    size = getattr(root, "patch_size", None) if size is None else size  # ComfyUI's Wan: an attribute, (1, 2, 2)
     if isinstance(size, int):  # CogVideoX: a square spatial patch, and patch_size_t frames (1.5) or one (1.0)
         size = (_config(root, "patch_size_t") or 1, size, size)
     if isinstance(size, (tuple, list)) and len(size) == 3 and all(isinstance(p, int) and p > 0 for p in size):
@@ -284,10 +280,14 @@ def _spacetime_patch(root: Any) -> Optional[Tuple[int, int, int]]:
     return None
 
 
+# Layouts built from (root, kind, xp) alone, by RootKind.layout; layouts_packed.py adds "packed" as it is imported.
+STRATEGIES: Dict[str, Any] = {"ids": Ids}
+
+
 def layout_of(root: Any, kind: RootKind, xp: Any) -> Layout:
     """The layout of `root`; a transformer whose patch size cannot be read falls back to the level rule."""
-    if kind.layout == "ids":
-        return Ids(root, kind, xp)
+    if kind.layout in STRATEGIES:
+        return STRATEGIES[kind.layout](root, kind, xp)
     if kind.layout == "spacetime":
         patch = _spacetime_patch(root)
         if patch is not None:

@@ -73,7 +73,7 @@ class MergeSite(SiteHook):
         if self.rotary is not None:
             rows = self.rotary.get(args, kwargs)
             if rows is not None:
-                rows = follow_rotary(self, merge, rows, self.layer.rotary_axis, self.layer.rotates)
+                rows = self._follow(merge, rows)
                 args, kwargs = self.rotary.replace(args, kwargs, rows)
         if self.mask is not None and self.mask.get(args, kwargs) is not None:
             raise ValueError(MASKED_SELF_ATTENTION)
@@ -82,6 +82,13 @@ class MergeSite(SiteHook):
         if self.weighs:
             key_weights.arm(self.patch, merge, self.layer.image_keys_first)
         return self.spec.replace(args, kwargs, merged)
+
+    def _follow(self, merge: Any, rows: Any) -> Any:
+        layer, item = self.layer, self.layer.rotary_item
+        if item is None:
+            return follow_rotary(self, merge, rows, layer.rotary_axis, layer.rotates)
+        image = follow_rotary(self, merge, rows[item], layer.rotary_axis, layer.rotates)
+        return tuple(image if i == item else table for i, table in enumerate(rows))  # the text's rows stay
 
     def post(self, module: Any, args: tuple, output: Any) -> Any:
         if self.layer.rotates:
