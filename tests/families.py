@@ -7,6 +7,7 @@ from typing import Callable, Tuple
 import torch
 
 import tiny_image_families as I
+import tiny_packed_families as P
 import tiny_torch as T
 import tiny_transformers as X
 import tiny_video_families as V
@@ -133,6 +134,16 @@ FAMILIES = {
     "latte": Family("latte", V.latte, V.latte_inputs, V.run, ("hidden_states", "encoder_hidden_states", "timestep"),
                     False, (dict(frames=2, h=8, w=8), dict(frames=2, h=6, w=10)), merged_blocks=(0, 1), root="Latte",
                     host_class="LatteTransformer3DModel"),
+    # A packed latent [B, N, C] whose grid is in the forward's arguments (layouts_packed.py): LTX-Video's num_frames,
+    # height and width; Qwen-Image's img_shapes (its rows, complex and with no batch axis, serve one matching).
+    "ltx-video": Family("ltx-video", P.ltx, P.ltx_inputs, P.run,
+                        ("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask"), True,
+                        (dict(frames=3, h=8, w=8), dict(frames=2, h=6, w=10)), merged_blocks=(0, 1), root="LTX-Video",
+                        host_class="LTXVideoTransformer3DModel"),
+    "qwen-image": Family("qwen-image", P.qwen, P.qwen_inputs, P.run,
+                         ("hidden_states", "encoder_hidden_states", "timestep"), True,
+                         (dict(h=8, w=8), dict(h=6, w=10)), merged_blocks=(0, 1), root="Qwen-Image",
+                         host_class="QwenImageTransformer2DModel"),
     "chroma": Family("chroma", X.chroma, X.chroma_inputs, X.run, ("hidden_states", "encoder_hidden_states", "timestep"),
                      True, (dict(h=8, w=8), dict(h=6, w=10)), merged_blocks=(0, 1, 2, 3), root="Chroma",
                      host_class="ChromaTransformer2DModel"),

@@ -72,16 +72,23 @@ def test_qwen_image_refusals():
         tome(model, crossattn=0.5)
 
 
-def test_diffusers_class_of_the_same_name_is_refused_at_apply_time_by_its_own_entry():
-    """diffusers' QwenImageTransformer2DModel shares its name with ComfyUI's class but takes a packed latent [B, N, C]
-    sized by `img_shapes`: the ComfyUI entry is kept to ComfyUI's module, and diffusers' class is refused by its own
-    entry before anything changes."""
+def test_diffusers_class_of_the_same_name_keeps_its_own_root_and_block_entries():
+    """diffusers' QwenImageTransformer2DModel shares its name with ComfyUI's class (and its block's) but takes a packed
+    latent [B, N, C] sized by `img_shapes` and rotary rows (image, text): the ComfyUI entries are kept to ComfyUI's
+    module, and diffusers' class is read by its own ("packed" layout, rows item 0 following the merged tokens)."""
     from diffusers import QwenImageTransformer2DModel
+
+    from tomesd.adapters.kinds import block_kind
+    from tomesd.adapters.roots import root_kind
 
     net = QwenImageTransformer2DModel(patch_size=2, in_channels=16, out_channels=4, num_layers=1, attention_head_dim=16,
                                       num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(4, 6, 6)).eval()
-    with pytest.raises(TypeError, match="cannot patch QwenImageTransformer2DModel: .*img_shapes"):
-        tomesd.apply_patch(net, ratio=0.5)
+    assert (root_kind(net).family, root_kind(net).layout) == ("Qwen-Image", "packed")
+    kind = block_kind(net.transformer_blocks[0])
+    assert (kind.module, kind.sublayers[0].rotary_item, kind.sublayers[0].rotary_axis) == ("diffusers.", 0, 0)
+    tomesd.apply_patch(net, ratio=0.5)
+    assert type(net._tome_patch.layout).__name__ == "Packed"
+    tomesd.remove_patch(net)
     assert not any(m._forward_pre_hooks or m._forward_hooks for m in net.modules())
 
 

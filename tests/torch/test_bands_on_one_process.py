@@ -12,7 +12,7 @@ from families import FAMILIES, missing_host
 # Wan is in diffusers from 0.33: the paddle environment's 0.32 skips it, as the family contract does.
 BANDED = [pytest.param(name, marks=pytest.mark.skipif(bool(missing_host(FAMILIES[name])),
                                                       reason=missing_host(FAMILIES[name])))
-          for name in ("sd3", "flux", "wan")]
+          for name in ("sd3", "flux", "wan", "ltx-video", "qwen-image")]
 
 
 def _model_and_inputs(name):

@@ -12,6 +12,7 @@ import torch._dynamo
 import torch.nn.functional as F
 
 import step_caches as S
+import tiny_packed_families as P
 import tiny_torch as T
 import tomesd
 from diffusers.models.attention_dispatch import _AttentionBackendRegistry as Registry
@@ -27,8 +28,16 @@ def wan_case(h, w, frames=3):
     return T.wan, T.wan_inputs(frames=frames, h=2 * h, w=2 * w), (frames, h, w)
 
 
+def ltx_case(frames, h, w):  # a packed latent whose grid is num_frames, height, width (layouts_packed.py)
+    return P.ltx, P.ltx_inputs(frames=frames, h=h, w=w), (frames, h, w)
+
+
+def qwen_case(h, w):  # a packed latent whose grid is img_shapes; keys [text, image] at the dispatch
+    return P.qwen, P.qwen_inputs(h=h, w=w), (1, h, w)
+
+
 CASES = {"flux-8x8": flux_case(8, 8), "flux-7x9": flux_case(7, 9), "wan-3x4x4": wan_case(4, 4),
-         "wan-2x5x7": wan_case(5, 7, frames=2)}
+         "wan-2x5x7": wan_case(5, 7, frames=2), "ltx-2x5x7": ltx_case(2, 5, 7), "qwen-image-7x9": qwen_case(7, 9)}
 
 
 def shrink_by_hand(x, grid, factor, method):

@@ -139,7 +139,8 @@ def test_each_merged_attention_weighs_its_image_keys_by_size_and_its_text_keys_b
         assert torch.allclose(sizes, sizes.round(), atol=1e-4) and sizes.min() >= 1 - 1e-4
         weighed.append(int(sizes.sum().round()) - len(sizes))
     if mode == "downsample" and family.name in ("sd1-unet", "pixart", "unet3d", "wan", "chronoedit", "skyreels-v2",
-                                                  "wan-vace", "wan-animate", "cosmos", "latte"):
+                                                  "wan-vace", "wan-animate", "cosmos", "latte",
+                                                  "ltx-video"):
         assert weighed == []  # image keys alone, in whole cells: the weights would cancel, SDPA runs as it came
         return
     assert sorted(weighed) == sites  # one weighed SDPA per merged attention: its image keys hold every token
@@ -163,13 +164,17 @@ def test_the_fused_kernel_runs_as_unpatched_with_no_mask(family, unpatch):
     if _refuses_weights(family, model):
         return
     inputs = family.inputs(model, batch=2, seed=3)
+    given = []  # the masked attention ops of the unpatched model (LTX-Video's cross-attention takes the text's mask)
 
     def attention_ops():
         with _MaskSeen() as ops:
             family.run(model, inputs)
-        assert not ops.masked  # no attention op got a mask (or bias) tensor
+        assert ops.masked == given  # no attention op got a mask (or bias) tensor the unpatched model did not give
         return {op: n for op, n in ops.ops.items() if "attention" in op}
 
+    with _MaskSeen() as ops:
+        family.run(model, inputs)
+    given.extend(op for op in ops.masked if family.name == "ltx-video")
     unpatched = attention_ops()
     _patched(family, model)
     merged = attention_ops()

@@ -1,6 +1,7 @@
 """Block kinds of diffusers' video transformers whose blocks see every frame's tokens in one sequence (roots.py:
-layout "spacetime"), added from diffusers 0.42 by table entries: ConsisID, Cosmos, EasyAnimate, Sana-Video. (Wan's,
-CogVideoX's and SkyReels-V2's are in kinds.py; Wan Animate runs Wan's block.)"""
+layout "spacetime"), added from diffusers 0.42 by table entries: ConsisID, Cosmos, EasyAnimate, Sana-Video; and those
+over a packed latent whose grid comes from the root's arguments (layout "packed", layouts_packed.py): LTX-Video,
+Qwen-Image. (Wan's, CogVideoX's and SkyReels-V2's are in kinds.py; Wan Animate runs Wan's block.)"""
 from __future__ import annotations
 
 from typing import Tuple
@@ -57,5 +58,31 @@ VIDEO_KINDS: Tuple[BlockKind, ...] = (
             "cannot come from the downsampled grid; use mode='merge'"),
         no_weights=("Sana-Video's self-attention is linear attention (ReLU kernels, no softmax), so there are no "
                     "scores for a merged key's weight; apply_patch with proportional_attention=False"),
+    ),
+    # LTX-Video: self-attention over every frame's tokens, its queries and keys rotated by rows (cos, sin) [B, S, D]
+    # (a batch axis: they follow each sample); cross-attention to the text (given the tokens by position); the
+    # feed-forward. The AdaLN modulations (per token where LTX 0.9.5+'s pipelines give a timestep per token) and
+    # gates are applied to the block's own tensors around these sub-layers, on every token, never inside them.
+    BlockKind(
+        "LTXVideoTransformerBlock",
+        sublayers=(Sublayer("attn1", "merge_attn", tokens=("hidden_states",), rotary="image_rotary_emb",
+                            rotary_axis=1),
+                   Sublayer("attn2", "merge_crossattn", tokens=("hidden_states",)),
+                   Sublayer("ff", "merge_mlp")),
+        downsample=(Downsample("attn1", "dispatch"),),
+    ),
+    # Qwen-Image (diffusers): a double-stream block whose image stream is its own input. Its `attn` projects image
+    # and text apart, rotates them by (image rows [S, D/2] complex, text rows), joins [text, image] for diffusers'
+    # dispatch and returns (image, text): the image merges around it and its rows (item 0) follow; `img_mlp` sees
+    # the image alone. The text's modules are never hooked. The image's rows have no batch axis and are applied as
+    # complex numbers (no way the dispatch seam rotates per sample), so one matching serves the batch. (ComfyUI's
+    # class of this name: kinds_comfy.py.)
+    BlockKind(
+        "QwenImageTransformerBlock",
+        sublayers=(Sublayer("attn", "merge_attn", tokens=("hidden_states",), outputs=(0,), rotary="image_rotary_emb",
+                            rotary_item=0),
+                   Sublayer("img_mlp", "merge_mlp", tokens=("hidden_states",))),
+        downsample=(Downsample("attn", "dispatch"),),  # rotated keys [text, image] at the dispatch: image last
+        module="diffusers.",
     ),
 )

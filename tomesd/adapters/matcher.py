@@ -82,8 +82,9 @@ class Matcher:
         if args.mode == "downsample":
             if call.tail:
                 raise ValueError(
-                    f"mode='downsample' cannot leave a reference image's {call.tail} tokens out (Flux Kontext): "
-                    f"use mode='merge', which merges the target's tokens and passes the reference's whole")
+                    f"mode='downsample' cannot leave a reference image's {call.tail} tokens out (Flux Kontext, "
+                    f"Qwen-Image-Edit): use mode='merge', which merges the target's tokens and passes the "
+                    f"reference's whole")
             frames, h, w = patch.layout.downsample_grid(call, plan, patch.host)
             key = ("downsample", batch, frames, h, w)
             if key not in call.shared:  # the same index map for every block of the level

@@ -17,11 +17,15 @@ from .frameworks import class_names
 class RootKind:
     family: str  # what users call it
     classes: Tuple[str, ...]  # class names in the root's ancestry
-    layout: str  # "levels" | "patches" | "patchgrid" | "ids" | "spacetime" (layouts.py)
+    layout: str  # "levels" | "patches" | "patchgrid" | "ids" | "spacetime" (layouts.py) | "packed" (layouts_packed.py)
     suffix: bool = False  # also match classes whose names end with one of `classes`
     video: bool = False  # "levels": a 5-D latent whose frames ride in the spatial blocks' batch
     frame_axis: Optional[int] = None  # "spacetime": the latent's frame axis
     ids: Optional[str] = None  # "ids": the input with each image token's (0, row, col)
+    # "packed": the root forward's arguments that give a packed latent's token grid, plain ints or lists (never
+    # tensors): three, (frames, rows, cols); or one, a list per sample of (frames, rows, cols) per image, the
+    # target's first (any after it are reference images, which pass whole).
+    grid_args: Tuple[str, ...] = ()
     # Pipelines that join reference-image tokens after the target's in one sequence, the target's latents
     # returned first by their prepare_latents (references.py): ToMe merges the target's only.
     joined_references: Tuple[str, ...] = ()
@@ -124,10 +128,26 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
     RootKind("Qwen-Image (ComfyUI)", ("QwenImageTransformer2DModel",), "spacetime", frame_axis=2, module="comfy.",
              supported="ComfyUI's Qwen-Image (comfy.ldm.qwen_image.model.QwenImageTransformer2DModel; without "
                        "reference latents)"),
-    # diffusers' Qwen-Image (and Edit): a packed latent [B, N, C] whose grid comes from its `img_shapes` argument.
-    RootKind("Qwen-Image", ("QwenImageTransformer2DModel",), "patches",
-             refused="a transformer over a packed latent whose grid comes from its img_shapes argument, a layout ToMe "
-                     "does not read yet (ComfyUI's own Qwen-Image class merges, through the ToMe node)"),
+    # diffusers' Qwen-Image: a packed latent [B, N, C] whose grid is its `img_shapes` argument, per sample (frames,
+    # rows, cols) of each image. Qwen-Image-Edit (and Edit Plus; Layered) join reference images' tokens after the
+    # target's, each with its own entry after the target's: they pass whole (TokenMerge.with_passing_tail). Its
+    # ControlNet runs the same blocks on the same latent and grid (its condition is added to the latent's tokens).
+    RootKind("Qwen-Image", ("QwenImageTransformer2DModel", "QwenImageControlNetModel"), "packed",
+             grid_args=("img_shapes",),
+             supported="the Qwen-Image transformer or ControlNet (torch; Qwen-Image-Edit's reference tokens pass "
+                       "whole)"),
+    # LTX-Video (0.9.x): a packed latent [B, N, C] in (frame, row, col) order whose grid is its num_frames, height
+    # and width arguments (in tokens). LTXConditionPipeline passes video_coords instead, with condition tokens
+    # joined to the sequence: refused at its first call (layouts_packed.py).
+    RootKind("LTX-Video", ("LTXVideoTransformer3DModel",), "packed", grid_args=("num_frames", "height", "width"),
+             supported="the LTX-Video transformer (torch; called with num_frames, height and width)"),
+    RootKind("LTX-2", ("LTX2VideoTransformer3DModel",), "packed",
+             refused="an audio and video transformer whose blocks (LTX2VideoTransformerBlock) attend across the two "
+                     "streams, a layout ToMe does not merge yet (LTX-Video 0.9.x's LTXVideoTransformer3DModel merges)"),
+    RootKind("Qwen-Image 2.1", ("QwenImage21Transformer2DModel",), "packed",
+             refused="a transformer whose sequence puts condition images before the target, under an image-slot mask "
+                     "and a key/value cache of them, a layout ToMe does not merge yet (QwenImageTransformer2DModel "
+                     "merges)"),
     # Denoisers that patchify their latent once: SD3Transformer2DModel, PixArtTransformer2DModel,
     # DiTTransformer2DModel, ppdiffusers' Transformer2DModel (PixArt, DiT), SD3ControlNetModel,
     # SanaTransformer2DModel.
