@@ -47,6 +47,15 @@ def test_qwen_image_edit_reference_tokens_pass_whole(zero_cond_t):
     assert (out - base).abs().max() > 1e-2
 
 
+def test_img_shapes_as_one_tuple_per_sample_reads_as_a_list_of_one():
+    """QwenImageControlNetPipeline passes [(1, h, w)] * B, the others [[(1, h, w)]] * B: one grid, one output."""
+    model = P.qwen().eval()
+    inputs = P.qwen_inputs(model, batch=2, h=6, w=10)
+    nested = _observed(model, inputs)[0]
+    flat, seen = _observed(model, dict(inputs, img_shapes=[(1, 6, 10)] * 2))
+    assert torch.equal(flat, nested) and seen.calls[0].merged_blocks("attn") == [0, 1]
+
+
 def test_qwen_image_edit_refuses_downsampling_naming_merge():
     """mode='downsample' shrinks the last N keys at the dispatch: with reference tokens after the target's it would
     shrink the wrong rows, so the first call that joins them is refused, naming mode='merge'."""
