@@ -22,11 +22,14 @@ def _observed(model, inputs, **settings):
     return out, seen
 
 
-@pytest.mark.parametrize("zero_cond_t", [False, True])  # True: Qwen-Image-Edit-2511 (references modulated apart)
-def test_qwen_image_edit_reference_tokens_pass_whole(zero_cond_t):
+# zero_cond_t: Qwen-Image-Edit-2511 (references modulated apart); use_layer3d_rope: Qwen-Image-Layered (its later
+# layers and condition image, entries after the first, pass whole as references do)
+@pytest.mark.parametrize("config", [{}, dict(zero_cond_t=True), dict(use_layer3d_rope=True)],
+                         ids=["edit", "edit-2511", "layered"])
+def test_qwen_image_edit_reference_tokens_pass_whole(config):
     """Each merge's rows: a token coded by its index, merged and unmerged, comes back as itself where it passes whole
     and as a mean of target indices where it merged, so no merged row mixes a reference token with a target's."""
-    model = P.qwen(zero_cond_t=zero_cond_t).eval()
+    model = P.qwen(**config).eval()
     target, references = (8, 8), ((6, 6), (4, 5))  # Edit Plus: two reference images
     inputs = P.qwen_inputs(model, batch=2, h=target[0], w=target[1], references=references)
     n, total = target[0] * target[1], inputs["hidden_states"].shape[1]
