@@ -565,3 +565,18 @@ def test_flux2_architecture_counts_keys_where_one_layer_projects_them_with_the_m
     assert levels(rows["tome", "merge"]) == [[16, 8], [2 * 528, 2 * 520]]  # half the image tokens merge
     assert levels(rows["tome", "downsample"]) == [[16, 4], [2 * 528, 2 * 516]]  # keys pooled 2x2
     assert rows["tome", "merge"]["output_change"] > 0 and rows["tome", "downsample"]["output_change"] > 0
+
+
+def test_qwen_image_architecture_reads_its_grid_from_img_shapes(tmp_path):
+    """--config tiny-qwen-image stands in for --arch qwen-image: 64 pixels, an 8x8 latent packed into 4x4 = 16
+    image tokens, its grid passed as img_shapes. Each of the 2 blocks' to_k sees the image keys alone (the text's
+    come from add_k_proj): half merge, or a quarter remain pooled 2x2."""
+    out_json = tmp_path / "r.json"
+    argv = ["--config", "tiny-qwen-image", "--res", "64", "--repeats", "1", "--warmup", "0", "--ratios", "0.5",
+            "--modes", "merge,downsample", "--no-memory", "--json", str(out_json)]
+    assert bench(argv) == 0
+    rows = {(r["method"], r["mode"]): r for r in json.loads(out_json.read_text())["results"]}
+    assert list(rows["baseline", "merge"]["tokens"].values()) == [[2 * 16, 2 * 16]]
+    assert list(rows["tome", "merge"]["tokens"].values()) == [[2 * 16, 2 * 8]]
+    assert list(rows["tome", "downsample"]["tokens"].values()) == [[2 * 16, 2 * 4]]
+    assert rows["tome", "merge"]["output_change"] > 0 and rows["tome", "downsample"]["output_change"] > 0

@@ -7,7 +7,8 @@ from . import caches
 from .configs import ARCHS
 
 ARCH_NAMES = {"sd1": "sd15", "sdxl": "sdxl", "sd3": "sd3", "pixart": "pixart", "flux": "flux", "flux2": "flux2",
-              "flux2-klein": "flux2-klein", "animatediff": "animatediff", "svd": "svd", "wan": "wan"}
+              "flux2-klein": "flux2-klein", "qwen-image": "qwen-image", "animatediff": "animatediff", "svd": "svd",
+              "wan": "wan"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

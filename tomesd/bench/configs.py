@@ -69,6 +69,14 @@ FLUX2_KLEIN_4B = dict(FLUX2_DEV, num_layers=5, num_single_layers=20, num_attenti
 TINY_FLUX2 = dict(patch_size=1, in_channels=16, num_layers=1, num_single_layers=2, attention_head_dim=16,
                   num_attention_heads=2, joint_attention_dim=32, timestep_guidance_channels=16,
                   axes_dims_rope=(4, 4, 4, 4))
+# Qwen-Image (diffusers' QwenImageTransformer2DModel defaults, the 20B model): 60 dual-stream blocks of 24 heads x
+# 128; a packed latent of 4 x 16 channels; Qwen2.5-VL's hidden states (3584) as the text, unpadded (the pipeline
+# drops its template's tokens and passes no mask when no prompt is padded).
+QWEN_IMAGE = dict(patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128,
+                  num_attention_heads=24, joint_attention_dim=3584, axes_dims_rope=(16, 56, 56))
+TINY_QWEN_IMAGE = dict(patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16,
+                       num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(4, 6, 6))
+QWEN_TEXT_TOKENS = 128  # a prompt of some 100 words after the template: Qwen-Image's text is not padded to a length
 # AnimateDiff's SD1.5 motion adapter (v1.5-2): two motion modules per block and a motion mid block.
 SD15_MOTION_ADAPTER = dict(
     block_out_channels=(320, 640, 1280, 1280), motion_layers_per_block=2, motion_num_attention_heads=8,
@@ -163,6 +171,10 @@ ARCHS = {
                         "num_layers", extra="flux2", singles_per_double=4),
     "tiny-flux2": Arch("tiny Flux.2 transformer", "Flux2Transformer2DModel", TINY_FLUX2, 4, 32, 0, "num_layers",
                        extra="flux2", singles_per_double=2),
+    "qwen-image": Arch("Qwen-Image transformer", "QwenImageTransformer2DModel", QWEN_IMAGE, 16, 3584, 0, "num_layers",
+                       extra="qwen-image"),
+    "tiny-qwen-image": Arch("tiny Qwen-Image transformer", "QwenImageTransformer2DModel", TINY_QWEN_IMAGE, 4, 32, 0,
+                            "num_layers", extra="qwen-image"),
     "svd": Arch("SVD img2vid-xt UNet", "UNetSpatioTemporalConditionModel", SVD_XT, 4, 1024, extra="svd", frames=14),
     "tiny-svd": Arch("tiny SVD UNet", "UNetSpatioTemporalConditionModel", TINY_SVD, 4, 32, extra="svd", frames=3),
     "wan": Arch("Wan 2.1 T2V 1.3B transformer", "WanTransformer3DModel", WAN_13B, 16, 4096, 0, "num_layers",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from .configs import ARCHS, FLUX_TEXT_TOKENS, TEXT_TOKENS, WAN_TEXT_TOKENS
+from .configs import ARCHS, FLUX_TEXT_TOKENS, QWEN_TEXT_TOKENS, TEXT_TOKENS, WAN_TEXT_TOKENS
 from .kit_base import MissingBackend, _call_model, _Compiled, _Kit, loop_timesteps
 
 
@@ -80,6 +80,11 @@ class TorchKit(_Kit):
             extra.update(img_ids=img_ids[None].expand(batch, -1, -1).to(self.device),
                          txt_ids=txt_ids[None].expand(batch, -1, -1).to(self.device),
                          guidance=cast(torch.full((batch,), 4.0)) if arch.config.get("guidance_embeds", True) else None)
+        elif arch.extra == "qwen-image":  # as QwenImagePipeline packs it; its grid comes in img_shapes
+            side = latent // 2
+            x = cast(torch.randn(batch, side * side, 4 * arch.latent_channels, generator=gen))
+            c = cast(torch.randn(batch, QWEN_TEXT_TOKENS, arch.text_dim, generator=gen))
+            extra.update(img_shapes=[[(1, side, side)]] * batch, encoder_hidden_states_mask=None)
         elif arch.extra == "svd":  # [B, F, C, H, W]: noise and the conditioning image's latent; one image embedding
             x = cast(torch.randn(batch, frames, 2 * arch.latent_channels, latent, latent_w, generator=gen))
             c = cast(torch.randn(batch, 1, arch.text_dim, generator=gen))
