@@ -76,6 +76,11 @@ def model_patcher(config_class: str, unet_config: dict, weights: dict = None, se
         import tiny_torch
 
         weights = tiny_torch.randomize_(base.diffusion_model, seed).state_dict()
+        # Buffers ComfyUI builds with torch.empty for the checkpoint to fill (MMDiT's fixed pos_embed) hold whatever
+        # the allocator left there, NaN at times (seen: SD3's outputs NaN after some earlier tests): drawn too.
+        gen = torch.Generator().manual_seed(seed)
+        for name in [n for n in weights if n.endswith("pos_embed")]:
+            weights[name] = 0.1 * torch.randn(weights[name].shape, generator=gen)
     missing, unexpected = base.diffusion_model.load_state_dict(weights, strict=False)
     if missing or unexpected:
         raise RuntimeError(f"weights do not fit the tiny {config_class}: missing {missing[:4]}, unexpected {unexpected[:4]}")

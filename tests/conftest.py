@@ -44,13 +44,21 @@ def _process_state():
     # libraries that look in sys.modules (einops) then take for the framework.
     state["test folders imported as a framework"] = sorted(
         name for name in ("torch", "paddle") if name in sys.modules and getattr(sys.modules[name], "__file__", 1) is None)
+    # An import that failed half-way (a dependency stubbed out by a test) drops the package but leaves its
+    # submodules, which hold the dropped package: the next import of it then fails in any later test.
+    state["packages left half-imported"] = _half_imported()
     paddle = sys.modules.get("paddle")
     if callable(getattr(paddle, "is_grad_enabled", None)):  # (some tests stand a stub in for paddle)
         state["paddle grad mode"] = paddle.is_grad_enabled()
     return state
 
 
-_STRICT = ("test folders imported as a framework", "users of the attention dispatch seam",
+def _half_imported():
+    return sorted({name.split(".")[0] for name in list(sys.modules)
+                   if "." in name and sys.modules.get(name.split(".")[0]) is None})
+
+
+_STRICT = ("packages left half-imported", "test folders imported as a framework", "users of the attention dispatch seam",
            "diffusers' attention backends", "users of the SDPA seam",
            "torch's scaled_dot_product_attention")
 
@@ -80,6 +88,9 @@ def leaves_the_process_as_it_found_it(request):
 
 
 def _restore(before):
+    for package in _half_imported():
+        for name in [n for n in sys.modules if n.startswith(package + ".")]:
+            del sys.modules[name]
     for name in ("torch", "paddle"):
         if name in sys.modules and getattr(sys.modules[name], "__file__", 1) is None:
             del sys.modules[name]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
@@ -30,9 +31,15 @@ def missing_dependencies(args: argparse.Namespace) -> List[str]:
         needs.append(("matplotlib", "--model (its closeness plot)", "matplotlib"))
     missing = []
     for module, option, package in needs:
+        loaded = set(sys.modules)
         try:
             importlib.import_module(module)
         except ImportError:
+            # An import that failed half-way (matplotlib without pillow) leaves submodules that hold the dropped
+            # package, and a later import of it in this process would fail on them: they go too.
+            for name in set(sys.modules) - loaded:
+                if sys.modules.get(name.split(".")[0]) is None:
+                    del sys.modules[name]
             missing.append(f"{option} needs {package}, which is not installed: {BENCH_EXTRA} (or pip install {package})")
     return missing
 
