@@ -6,6 +6,7 @@ from typing import Callable, Tuple
 
 import torch
 
+import tiny_hunyuan_families as H
 import tiny_image_families as I
 import tiny_packed_families as P
 import tiny_torch as T
@@ -26,6 +27,7 @@ class Family:
     root: str = ""  # the runtime's root kind (tomesd.adapters.roots) this family stands for
     host_class: str = ""  # the diffusers class it needs, where older diffusers (env b's 0.32) lacks it
     merged_blocks: Tuple[int, ...] = ()  # the blocks whose self-attention merges under `patch`, on the first grid
+    host_reads: str = ""  # why the host's own forward cannot run on the meta device ("": it can)
 
 
 def _unet_inputs(model, batch=2, seed=1, h=16, w=16):
@@ -117,6 +119,13 @@ FAMILIES = {
                      ("hidden_states", "timestep", "encoder_hidden_states"), True,
                      (dict(frames=3, h=8, w=8), dict(frames=2, h=6, w=10)), merged_blocks=(0, 1), root="Cosmos",
                      host_class="CosmosTransformer3DModel"),
+    "hunyuan_video15": Family("hunyuan_video15", H.hunyuan_video15, H.hunyuan_video15_inputs, V.run,
+                              ("hidden_states", "timestep", "encoder_hidden_states", "encoder_hidden_states_2",
+                               "encoder_attention_mask", "encoder_attention_mask_2", "image_embeds"), True,
+                              (dict(frames=2, h=8, w=8), dict(frames=1, h=6, w=10)), merged_blocks=(0, 1),
+                              root="HunyuanVideo 1.5", host_class="HunyuanVideo15Transformer3DModel",
+                              host_reads="its forward branches on torch.all(image_embeds == 0) and reorders the "
+                                         "text by boolean masks"),
     "consisid": Family("consisid", V.consisid, V.consisid_inputs, V.run,
                        ("hidden_states", "encoder_hidden_states", "timestep"), True,
                        (dict(frames=3, h=8, w=8), dict(frames=2, h=6, w=10)), merged_blocks=(0, 1), root="ConsisID",

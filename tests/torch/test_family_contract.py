@@ -236,6 +236,8 @@ def test_sdnexts_call_on_a_pipeline_at_its_sliders_top_merges_and_removes(family
 
 def test_a_forward_on_the_meta_device_merges_without_reading_values(family):
     family, model = family
+    if family.host_reads:
+        pytest.skip(f"{family.name}: {family.host_reads}")
     with torch.device("meta"):
         twin = type(model)(**model.config).eval()
     inputs = {k: (v.to("meta") if torch.is_tensor(v) else tuple(t.to("meta") for t in v) if isinstance(v, tuple) else v)

@@ -86,6 +86,10 @@ class BlockKind:
     no_downsample: str = ""
     # Why proportional_attention is refused on this kind, when it is (an attention with no softmax scores).
     no_weights: str = ""
+    # What its self-attention's attention_mask addresses. "": every token (merging is refused while one is given);
+    # "text": the text only, the processor padding it with True to the query's length itself (HunyuanVideo 1.5),
+    # so merged image tokens leave it as it is.
+    mask: str = ""
     # Where the block's class is defined (a module prefix; "": anywhere): ComfyUI's QwenImageTransformerBlock shares
     # diffusers' name and takes other rotary rows.
     module: str = ""

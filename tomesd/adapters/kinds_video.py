@@ -85,4 +85,17 @@ VIDEO_KINDS: Tuple[BlockKind, ...] = (
         downsample=(Downsample("attn", "dispatch"),),  # rotated keys [text, image] at the dispatch: image last
         module="diffusers.",
     ),
+    # HunyuanVideo 1.5 (diffusers): image and text enter the block apart; the joint attention rotates the image's
+    # queries and keys by rows (cos, sin) [image, D], then joins [image, text] for the dispatch. Its mask is the
+    # text's only, padded with True to the joined length inside the processor, so it fits merged image tokens.
+    BlockKind(
+        "HunyuanVideo15TransformerBlock",
+        sublayers=(Sublayer("attn", "merge_attn", tokens=("hidden_states",), outputs=(0,), rotary="image_rotary_emb",
+                            rotates="cos_sin", image_keys_first=True),
+                   Sublayer("ff", "merge_mlp")),
+        downsample=(),
+        no_downsample="its processor pads the text's mask to the queries' length, so keys shorter than the queries "
+                      "would not fit it; use mode='merge'",
+        mask="text",
+    ),
 )

@@ -86,7 +86,7 @@ class MergeSite(SiteHook):
     def _follow(self, merge: Any, rows: Any) -> Any:
         layer, item = self.layer, self.layer.rotary_item
         if item is None:
-            return follow_rotary(self, merge, rows, layer.rotary_axis, layer.rotates)
+            return follow_rotary(self, merge, rows, layer.rotary_axis, layer.rotates, layer.image_keys_first)
         image = follow_rotary(self, merge, rows[item], layer.rotary_axis, layer.rotates)
         return tuple(image if i == item else table for i, table in enumerate(rows))  # the text's rows stay
 
@@ -105,7 +105,7 @@ def gather_rotary(merge: Any, rows: Any, axis: int) -> Any:
     return merge.gather_rows(rows, axis)
 
 
-def follow_rotary(hook: SiteHook, merge: Any, rows: Any, axis: int, rotates: str) -> Any:
+def follow_rotary(hook: SiteHook, merge: Any, rows: Any, axis: int, rotates: str, image_first: bool = False) -> Any:
     """The rows the attention about to run takes for the merged tokens. A matching per sample gives each sample
     its own rows: a table with no batch axis ([S, D], axis 0) takes its one sample's rows for a batch of one;
     for more, the processor gets identity rows and the attention dispatch, armed here, rotates each sample by
@@ -116,7 +116,7 @@ def follow_rotary(hook: SiteHook, merge: Any, rows: Any, axis: int, rotates: str
         return gathered
     if merge.batch == 1:
         return tuple(table[0] for table in gathered) if isinstance(gathered, tuple) else gathered[0]
-    identity, rotate = hook.patch.host.rotation_at_dispatch(rotates, gathered)
+    identity, rotate = hook.patch.host.rotation_at_dispatch(rotates, gathered, image_first)
     hook.patch.seam.arm(rotate)
     return identity
 

@@ -104,11 +104,13 @@ def dispatches(processor: Any) -> bool:
     return module is not None and callable(getattr(module, "dispatch_attention_fn", None))
 
 
-def rotation_at_dispatch(how: str, rows: Any) -> Tuple[Any, KeyValues]:
+def rotation_at_dispatch(how: str, rows: Any, image_first: bool = False) -> Tuple[Any, KeyValues]:
     """Per-sample rotary rows for a processor that takes rows with no batch axis: (rows that leave its queries
     and keys as they are, the rewrite that rotates them by each sample's rows at the dispatch). The rewrite
     calls the host's own rotation with the batch folded into the sequence, so each element is computed as the
-    host computes it; the identity rows (cos 1, sin 0) change no bit (x * 1 + y * 0 == x)."""
+    host computes it; the identity rows (cos 1, sin 0) change no bit (x * 1 + y * 0 == x). image_first: the rows
+    are the image's only and the dispatch gets [image, text] (HunyuanVideo 1.5 rotates the image before joining
+    the text): its first tokens rotate, the text's stay."""
     if how != "cos_sin":
         raise ValueError(f"no rotation at the attention dispatch is known as {how!r}")
     from diffusers.models.embeddings import apply_rotary_emb
@@ -120,11 +122,14 @@ def rotation_at_dispatch(how: str, rows: Any) -> Tuple[Any, KeyValues]:
     def rotate(kwargs: Dict[str, Any]) -> Dict[str, Any]:
         out = dict(kwargs)
         for name in ("query", "key"):
-            x = kwargs[name]
+            whole = kwargs[name]
+            x = whole[:, :length] if image_first and whole.shape[1] > length else whole
             if tuple(x.shape[:2]) != (batch, length):
                 raise ValueError(f"ToMe's per-sample rotary rows are for {batch} samples of {length} tokens; the "
                                  f"attention's {name} is {list(x.shape)}")
-            out[name] = apply_rotary_emb(x.reshape(1, batch * length, *x.shape[2:]), flat, sequence_dim=1).reshape(x.shape)
+            flat_x = x.reshape(1, batch * length, *x.shape[2:])
+            rotated = apply_rotary_emb(flat_x, flat, sequence_dim=1).reshape(x.shape)
+            out[name] = torch.cat([rotated, whole[:, length:]], dim=1) if x is not whole else rotated
         return out
 
     return (torch.ones_like(cos[0]), torch.zeros_like(sin[0])), rotate
