@@ -96,6 +96,8 @@ VIDEO_KINDS: Tuple[BlockKind, ...] = (
         downsample=(),
         no_downsample="its processor pads the text's mask to the queries' length, so keys shorter than the queries "
                       "would not fit it; use mode='merge'",
+        no_weights="its processor always gives torch's attention a mask (the text's, padded), which the weighing of "
+                   "merged keys cannot join; use proportional_attention=False",
         mask="text",
     ),
 )
