@@ -174,6 +174,9 @@ FAMILIES = {
     "auraflow": Family("auraflow", X.auraflow, X.auraflow_inputs, X.run,
                        ("hidden_states", "encoder_hidden_states", "timestep"), False,
                        (dict(h=16, w=16), dict(h=12, w=20)), merged_blocks=(0, 1, 2, 3), root="AuraFlow"),
+    "prx": Family("prx", I.prx, I.prx_inputs, I.run, ("hidden_states", "encoder_hidden_states", "timestep"), False,
+                  (dict(h=16, w=16), dict(h=12, w=20)), merged_blocks=(0, 1), root="PRX",
+                  host_class="PRXTransformer2DModel"),
     # Flux's layout under other classes (tests/tiny_image_families.py): one double and one single block each.
     "bria": Family("bria", I.bria, I.bria_inputs, I.run, ("hidden_states", "encoder_hidden_states", "timestep"), True,
                    (dict(h=8, w=8), dict(h=6, w=10)), merged_blocks=(0, 1), root="Bria",

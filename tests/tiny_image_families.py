@@ -139,6 +139,29 @@ def glm_image_inputs(model=None, batch=2, h=16, w=16, text=8, seed=1):
                 crop_coords=torch.zeros(batch, 2))
 
 
+# ---- PRX: a latent [B, C, H, W] patchified row by row, rotary rows [B, 1, image, D/2, 2, 2] built inside; its
+# attention takes the image's queries and [text, image] keys, with the text's mask (test_models_transformer_prx.py,
+# narrowed) ----
+PRX = dict(in_channels=4, patch_size=2, context_in_dim=32, hidden_size=32, mlp_ratio=2.0, num_heads=2, depth=2,
+           axes_dim=[8, 8], theta=10_000)
+
+
+def prx(seed=0):
+    from diffusers import PRXTransformer2DModel
+
+    return randomize_(PRXTransformer2DModel(**PRX), seed)
+
+
+def prx_inputs(model=None, batch=2, h=16, w=16, text=6, valid=None, seed=1):
+    """`valid`: how many prompt tokens the mask keeps (None: no mask, as the pipeline passes an unpadded prompt)."""
+    gen = torch.Generator().manual_seed(seed)
+    inputs = dict(hidden_states=torch.randn(batch, 4, h, w, generator=gen), timestep=torch.full((batch,), 500.0),
+                  encoder_hidden_states=torch.randn(batch, text, 32, generator=gen))
+    if valid is not None:
+        inputs["attention_mask"] = torch.arange(text).expand(batch, text) < valid
+    return inputs
+
+
 def run(model, inputs: dict) -> torch.Tensor:
     with torch.no_grad():
         return model(**inputs).sample

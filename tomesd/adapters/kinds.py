@@ -235,6 +235,18 @@ BLOCK_KINDS: Dict[str, BlockKind] = {
                 "AuraFlow's single blocks project keys and values of [text, image] joined with one to_k / to_v and "
                 "call torch's attention itself, so no seam takes image keys alone; use mode='merge'"),
         ),
+        # PRX: the block's attention takes the image's queries and [text, image] keys (text by its own projection),
+        # rotates the image's by rows [B, 1, image, D/2, 2, 2], and builds its mask as [text mask, ones(image)] from
+        # the queries it is given: the mask is the text's, so it fits merged image tokens. Its MLP is inline.
+        BlockKind(
+            "PRXBlock",
+            sublayers=(Sublayer("attention", "merge_attn", tokens=("hidden_states",), rotary="image_rotary_emb",
+                                rotary_axis=2),),
+            downsample=(),
+            no_downsample="PRX's processor projects the image's keys and values together with its queries "
+                          "(img_qkv_proj), so no seam takes image keys alone; use mode='merge'",
+            mask="text",
+        ),
     ) + VIDEO_KINDS + COMFY_KINDS
 }
 

@@ -151,6 +151,9 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
              refused="a transformer whose sequence puts condition images before the target, under an image-slot mask "
                      "and a key/value cache of them, a layout ToMe does not merge yet (QwenImageTransformer2DModel "
                      "merges)"),
+    # PRX: a latent [B, C, H, W] patchified row by row (img2seq) whose blocks take per-token rotary rows: the patch
+    # grid matched on coordinates, as ComfyUI's Flux.
+    RootKind("PRX", ("PRXTransformer2DModel",), "patchgrid", supported="the PRX transformer (torch)"),
     # Denoisers that patchify their latent once: SD3Transformer2DModel, PixArtTransformer2DModel,
     # DiTTransformer2DModel, ppdiffusers' Transformer2DModel (PixArt, DiT), SD3ControlNetModel,
     # SanaTransformer2DModel.
