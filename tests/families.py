@@ -126,6 +126,11 @@ FAMILIES = {
                               root="HunyuanVideo 1.5", host_class="HunyuanVideo15Transformer3DModel",
                               host_reads="its forward branches on torch.all(image_embeds == 0) and reorders the "
                                          "text by boolean masks"),
+    "mochi": Family("mochi", H.mochi, H.mochi_inputs, V.run,
+                    ("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask"), True,
+                    (dict(frames=2, h=16, w=16), dict(frames=1, h=12, w=20)), merged_blocks=(0, 1), root="Mochi",
+                    host_class="MochiTransformer3DModel",
+                    host_reads="its processor keeps each sample's valid text by torch.nonzero of the mask"),
     "consisid": Family("consisid", V.consisid, V.consisid_inputs, V.run,
                        ("hidden_states", "encoder_hidden_states", "timestep"), True,
                        (dict(frames=3, h=8, w=8), dict(frames=2, h=6, w=10)), merged_blocks=(0, 1), root="ConsisID",

@@ -5,7 +5,7 @@ import torch
 
 import tomesd
 from families import FAMILIES, missing_host
-from tiny_hunyuan_families import hunyuan_video15, hunyuan_video15_inputs
+from tiny_hunyuan_families import hunyuan_video15, hunyuan_video15_inputs, mochi, mochi_inputs
 from tiny_image_families import prx, prx_inputs
 from tiny_video_families import run
 
@@ -54,6 +54,29 @@ def test_prx_padded_prompt_gives_the_unpadded_prompts_image_under_tome():
     padded = prx_inputs(model, text=6, valid=4)
     short = prx_inputs(model, text=6)
     short["encoder_hidden_states"] = short["encoder_hidden_states"][:, :4]
+    base = run(model, short)
+    tomesd.apply_patch(model, ratio=0.5)
+    try:
+        with tomesd.observe(model) as seen:
+            merged_short = run(model, short)
+        merged_padded = run(model, padded)
+    finally:
+        tomesd.remove_patch(model)
+    assert seen.calls[0].merged_blocks("attn") == [0, 1]
+    assert (merged_short - base).abs().max().item() > 1000 * TOL  # ToMe changed the output
+    torch.testing.assert_close(merged_padded, merged_short, atol=TOL, rtol=TOL)
+
+
+def test_mochi_padded_prompt_gives_the_unpadded_prompts_video_under_tome():
+    """Mochi: its processor keeps each sample's valid text by the mask and joins it after the image queries it is
+    given, so 5 prompt tokens and 3 masked padding tokens give, merged, what the 5 tokens alone give."""
+    reason = missing_host(FAMILIES["mochi"])
+    if reason:
+        pytest.skip(reason)
+    model = mochi().eval()
+    padded = mochi_inputs(model, text=8, valid=5)
+    short = dict(padded, encoder_hidden_states=padded["encoder_hidden_states"][:, :5],
+                 encoder_attention_mask=padded["encoder_attention_mask"][:, :5])
     base = run(model, short)
     tomesd.apply_patch(model, ratio=0.5)
     try:

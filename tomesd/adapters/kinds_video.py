@@ -85,6 +85,20 @@ VIDEO_KINDS: Tuple[BlockKind, ...] = (
         downsample=(Downsample("attn", "dispatch"),),  # rotated keys [text, image] at the dispatch: image last
         module="diffusers.",
     ),
+    # Mochi: image and text enter the block apart; the joint attention rotates the image's queries and keys by rows
+    # (cos, sin) [image, heads, D/2] with its own function (no dispatch: one matching serves the batch), then per
+    # sample joins [image, the text its mask keeps]; the image's length comes from the queries it is given.
+    BlockKind(
+        "MochiTransformerBlock",
+        sublayers=(Sublayer("attn1", "merge_attn", tokens=("hidden_states",), outputs=(0,), rotary="image_rotary_emb"),
+                   Sublayer("ff", "merge_mlp")),
+        downsample=(),
+        no_downsample="Mochi's processor projects the image's keys with its queries and joins the text per sample "
+                      "inside, so no seam takes image keys alone; use mode='merge'",
+        no_weights="Mochi's processor calls torch's attention once per sample on a joined sequence it cuts by the "
+                   "mask; use proportional_attention=False",
+        mask="text",
+    ),
     # HunyuanVideo 1.5 (diffusers): image and text enter the block apart; the joint attention rotates the image's
     # queries and keys by rows (cos, sin) [image, D], then joins [image, text] for the dispatch. Its mask is the
     # text's only, padded with True to the joined length inside the processor, so it fits merged image tokens.

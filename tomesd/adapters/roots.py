@@ -107,6 +107,9 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
     # ConsisID: CogVideoX's blocks and latent [B, F, C, H, W]; its face features join between blocks, on every token.
     RootKind("ConsisID", ("ConsisIDTransformer3DModel",), "spacetime", frame_axis=1,
              supported="the ConsisID video transformer (torch)"),
+    # Mochi: [B, C, F, H, W] patchified frame by frame (patch 2, one frame each) in Wan's token order.
+    RootKind("Mochi", ("MochiTransformer3DModel",), "spacetime", frame_axis=2,
+             supported="the Mochi video transformer (torch; merge mode)"),
     # HunyuanVideo 1.5: [B, C, F, H, W] patchified by a Conv3d in Wan's token order; the text passes whole.
     RootKind("HunyuanVideo 1.5", ("HunyuanVideo15Transformer3DModel",), "spacetime", frame_axis=2,
              supported="the HunyuanVideo 1.5 video transformer (torch; merge mode)"),
