@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .kinds import block_kind, sublayer
+from .kinds import foreign_to_unets, sublayer
 from .roots import SUPPORTED
 from .signatures import CONTEXT, TIMESTEP, InputSpec
 
@@ -103,7 +103,7 @@ def check_downsample_way(attn: Any, way: Any, block_name: str, host: Any) -> Non
 
 def validate(patch: Any) -> None:
     """Raise, before anything is changed, for a block whose merge could not be computed right."""
-    args, root, name = patch.args, patch.root, type(patch.root).__name__
+    args, name = patch.args, type(patch.root).__name__
     layout = patch.layout
     if args.steps_reused > 1 and patch.timestep_spec is None:
         raise ValueError(
@@ -113,7 +113,7 @@ def validate(patch: Any) -> None:
     if getattr(layout, "guessed", False):  # a root in no family of roots.py, read as a UNet
         # A UNet's blocks are BasicTransformerBlocks; read as a UNet, blocks of a transformer family (Flux's, with
         # text before the image, or after it as HunyuanVideo's single blocks) would merge tokens by the wrong rule.
-        foreign = sorted({block_kind(block).class_name for block in patch.blocks} - {"BasicTransformerBlock"})
+        foreign = foreign_to_unets(patch.blocks)
         if foreign:
             raise ValueError(
                 f"ToMe does not know {name}: its blocks ({', '.join(foreign)}) are of kinds ToMe merges in other "

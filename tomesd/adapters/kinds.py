@@ -7,7 +7,7 @@ block classes; what it knows of root models is in roots.py.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from .frameworks import class_names
 from .kind_types import ROTATIONS, BlockKind, Downsample, Span, Sublayer
@@ -266,6 +266,12 @@ def block_kind(module: Any) -> Optional[BlockKind]:
             if cls.__module__.startswith(kind.module):
                 return kind
     return None
+
+
+def foreign_to_unets(blocks: Any) -> List[str]:
+    """The kinds among `blocks` that a UNet does not have (a UNet's are BasicTransformerBlocks): under a root in no
+    family of roots.py, read as a UNet, blocks of these kinds would merge tokens by the wrong rule."""
+    return sorted({block_kind(block).class_name for block in blocks} - {"BasicTransformerBlock"})
 
 
 _BY_CLASS: Dict[str, Tuple[BlockKind, ...]] = {}

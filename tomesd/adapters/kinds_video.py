@@ -1,7 +1,8 @@
 """Block kinds of diffusers' video transformers whose blocks see every frame's tokens in one sequence (roots.py:
 layout "spacetime"), added from diffusers 0.42 by table entries: ConsisID, Cosmos, EasyAnimate, Sana-Video; and those
 over a packed latent whose grid comes from the root's arguments (layout "packed", layouts_packed.py): LTX-Video,
-Qwen-Image. (Wan's, CogVideoX's and SkyReels-V2's are in kinds.py; Wan Animate runs Wan's block.)"""
+Qwen-Image; and those whose attention mask is the text's (BlockKind.mask): Mochi, HunyuanVideo 1.5. (Wan's,
+CogVideoX's and SkyReels-V2's are in kinds.py; Wan Animate runs Wan's block.)"""
 from __future__ import annotations
 
 from typing import Tuple

@@ -15,7 +15,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from tome_core import ToMeArgs
 
 from ..adapters.frameworks import framework_of, host_ops
-from ..adapters.kinds import block_kind
+from ..adapters.kinds import block_kind, foreign_to_unets
 from ..adapters.roots import UNET, root_kind
 from ..adapters.runtime import transformer_blocks
 
@@ -111,7 +111,7 @@ class ModelFacts:
         framework = framework_of(net)
         blocks = transformer_blocks(host_ops(framework), net) if framework else []
         kind = root_kind(net)
-        if kind is UNET and any(block_kind(b).class_name != "BasicTransformerBlock" for b in blocks):
+        if kind is UNET and foreign_to_unets(blocks):
             # A class in no family of the tables, read as a UNet, with a transformer family's blocks: the library
             # refuses it by its own name; no check here may call it a UNet or send the user to another node.
             return cls(type(net).__name__, True, [])
