@@ -83,9 +83,9 @@ def assert_patch_equals_hooks_by_hand(model, run, base, handles, tol=1e-5, **pat
 
 
 def assert_loop_compiles_once_and_equals_eager(model, run, steps, **patch_kwargs):
-    """Patched `model` over `steps` (keyword inputs of each call): explain sees one graph and no break,
-    torch.compile(fullgraph=True) traces one graph and never recompiles, and equals eager at every step,
-    where the patch acts."""
+    """Patched `model` over `steps` (keyword inputs of each call): torch.compile(fullgraph=True) traces one
+    graph (a graph break would raise) and never recompiles, and equals eager at every step, where the patch
+    acts. One trace: torch._dynamo.explain would trace the same graph a second time and prove nothing more."""
     import tomesd
 
     torch._dynamo.reset()
@@ -93,9 +93,6 @@ def assert_loop_compiles_once_and_equals_eager(model, run, steps, **patch_kwargs
     tomesd.apply_patch(model, **patch_kwargs)
     try:
         eager = [run(model, inputs) for inputs in steps]
-        with torch.no_grad():
-            explained = torch._dynamo.explain(model)(**steps[0])
-        assert explained.graph_break_count == 0 and explained.graph_count == 1
         backend = CountingBackend()
         compiled = torch.compile(model, fullgraph=True, backend=backend)
         outs = [run(compiled, steps[0])]
