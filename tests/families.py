@@ -7,6 +7,7 @@ from typing import Callable, Tuple
 import torch
 
 import tiny_hunyuan_families as H
+import tiny_image_first_families as F
 import tiny_image_families as I
 import tiny_packed_families as P
 import tiny_torch as T
@@ -126,6 +127,17 @@ FAMILIES = {
                               root="HunyuanVideo 1.5", host_class="HunyuanVideo15Transformer3DModel",
                               host_reads="its forward branches on torch.all(image_embeds == 0) and reorders the "
                                          "text by boolean masks"),
+    # [image, text] joined with the image first under the root's mask over both (kinds_image_first.py).
+    "hunyuan-video": Family("hunyuan-video", F.hunyuan_video, F.hunyuan_video_inputs, V.run,
+                            ("hidden_states", "timestep", "encoder_hidden_states", "pooled_projections",
+                             "encoder_attention_mask", "guidance"), True,
+                            (dict(frames=2, h=8, w=8), dict(frames=1, h=6, w=10)), merged_blocks=(0, 1),
+                            root="HunyuanVideo", host_class="HunyuanVideoTransformer3DModel",
+                            host_reads=F.hunyuan_video_host_reads()),
+    "hunyuan-image": Family("hunyuan-image", F.hunyuan_image, F.hunyuan_image_inputs, V.run,
+                            ("hidden_states", "timestep", "encoder_hidden_states", "encoder_attention_mask"), True,
+                            (dict(h=8, w=8), dict(h=6, w=10)), merged_blocks=(0, 1), root="HunyuanImage 2.1",
+                            host_class="HunyuanImageTransformer2DModel"),
     "mochi": Family("mochi", H.mochi, H.mochi_inputs, V.run,
                     ("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask"), True,
                     (dict(frames=2, h=16, w=16), dict(frames=1, h=12, w=20)), merged_blocks=(0, 1), root="Mochi",

@@ -69,9 +69,24 @@ class TokenMerge:
             return self.unmerge(x)
         return self._xp.concat([x[:, : s - self.num_merged], self.unmerge(x[:, s - self.num_merged:])], 1)
 
-    def spread(self, x: Any, tail: bool = False) -> Any:
+    # A sequence [B, S, C] whose first N tokens are the image (text after it, as in HunyuanVideo's single blocks):
+    # the image segment merges and unmerges, the tokens after it pass as they are.
+    def merge_head(self, x: Any) -> Any:
+        if self._xp.shape(x)[1] == self.num_tokens:
+            return self.merge(x)
+        return self._xp.concat([self.merge(x[:, : self.num_tokens]), x[:, self.num_tokens:]], 1)
+
+    def unmerge_head(self, x: Any) -> Any:
+        if self._xp.shape(x)[1] == self.num_merged:
+            return self.unmerge(x)
+        return self._xp.concat([self.unmerge(x[:, : self.num_merged]), x[:, self.num_merged:]], 1)
+
+    def spread(self, x: Any, tail: bool = False, head: bool = False) -> Any:
         """Each token's difference to its merged row's mean: x - unmerge(merge(x)) (zero for tokens alone in their
-        row). With `tail`, over the last N tokens of a longer sequence (tokens in front get zero)."""
+        row). With `tail`, over the last N tokens of a longer sequence (tokens in front get zero); with `head`, over
+        its first N (tokens after them get zero)."""
+        if head:
+            return x - self.unmerge_head(self.merge_head(x))
         if tail:
             return x - self.unmerge_tail(self.merge_tail(x))
         return x - self.unmerge(self.merge(x))

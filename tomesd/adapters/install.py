@@ -10,6 +10,7 @@ from . import guards
 from .kinds import BlockKind, Span, sublayer
 from .signatures import CONTEXT, MASK, TOKENS, InputSpec
 from .downsample_sites import CheckWeighed, DownsampleContext, DownsampleDispatch, DownsampleProjection
+from .key_masks import MaskSlice
 from .key_weights import WeighSpanKeys, open_key_seam, weighs
 from .sites import MergeSite, SpanEnd, SpanInterior, SpanRotary, SpanStart
 
@@ -124,6 +125,11 @@ def install_merge(patch: Any, index: int, block: Any, kind: BlockKind) -> None:
         if weighs(patch, span.flag):
             _weigh_span(patch, index, block, span, start, ends)
         seat_span_cache(patch, index, span)
+    if kind.mask == "image_ones_first":  # after the merge site's own hooks, so it runs after them (key_masks.py)
+        flag = kind.sublayers[0].flag if kind.sublayers else kind.spans[0].flag  # the site of kind.self_attention
+        attn = sublayer(block, kind.self_attention)
+        if attn is not None and getattr(patch.args, flag):
+            around(patch, attn, MaskSlice(patch, index, flag, _mask_spec(attn)).pre, None)
 
 
 def _weigh_span(patch: Any, index: int, block: Any, span: Span, start: Any, ends: list) -> None:

@@ -47,6 +47,9 @@ class Span:
     # The module whose own forward calls the attention (proportional attention weighs its keys there); None: the
     # attention is a function called between the span's start and its first end (Black Forest Labs' layout).
     attention_call: Optional[str] = None
+    # The image is the first N tokens of the span's sequence, the text after it (HunyuanVideo's single blocks join
+    # [image, text]); False: the last N, any text in front (Flux's [text, image]).
+    image_first: bool = False
 
 
 # Rotary rows with a batch axis (rotary_axis > 0: Wan's [1, S, 1, D], ComfyUI's [B, 1, S, ...]) follow a matching
@@ -88,7 +91,9 @@ class BlockKind:
     no_weights: str = ""
     # What its self-attention's attention_mask addresses. "": every token (merging is refused while one is given);
     # "text": the text only, the processor padding it with True to the query's length itself (HunyuanVideo 1.5),
-    # so merged image tokens leave it as it is.
+    # so merged image tokens leave it as it is; "image_ones_first": a key-padding mask [B, 1, 1, image + text] over
+    # the joined [image, text] keys whose image part is all True (HunyuanVideo's, built by the root), so merging N
+    # image tokens into M keeps its last M + text entries (a view; sites.MaskSlice), exactly.
     mask: str = ""
     # Where the block's class is defined (a module prefix; "": anywhere): ComfyUI's QwenImageTransformerBlock shares
     # diffusers' name and takes other rotary rows.

@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from .frameworks import class_names
 from .kind_types import ROTATIONS, BlockKind, Downsample, Span, Sublayer
 from .kinds_comfy import COMFY_KINDS
+from .kinds_image_first import IMAGE_FIRST_KINDS
 from .kinds_video import VIDEO_KINDS
 
 __all__ = ["BLOCK_KINDS", "KNOWN_BLOCKS", "ROTATIONS", "BlockKind", "Downsample", "Span", "Sublayer", "block_kind",
@@ -247,7 +248,7 @@ BLOCK_KINDS: Dict[str, BlockKind] = {
                           "(img_qkv_proj), so no seam takes image keys alone; use mode='merge'",
             mask="text",
         ),
-    ) + VIDEO_KINDS + COMFY_KINDS
+    ) + VIDEO_KINDS + COMFY_KINDS + IMAGE_FIRST_KINDS
 }
 
 

@@ -113,6 +113,10 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
     # HunyuanVideo 1.5: [B, C, F, H, W] patchified by a Conv3d in Wan's token order; the text passes whole.
     RootKind("HunyuanVideo 1.5", ("HunyuanVideo15Transformer3DModel",), "spacetime", frame_axis=2,
              supported="the HunyuanVideo 1.5 video transformer (torch; merge mode)"),
+    # HunyuanVideo: [B, C, F, H, W] on Wan's grid; blocks joining [image, text], image first, under the root's mask
+    # over both (kinds_image_first.py). Its token_replace image-to-video model is refused (layouts_image_first.py).
+    RootKind("HunyuanVideo", ("HunyuanVideoTransformer3DModel",), "hunyuan_video", frame_axis=2,
+             supported="the HunyuanVideo video transformer (torch; merge mode; not token_replace image-to-video)"),
     RootKind("EasyAnimate", ("EasyAnimateTransformer3DModel",), "spacetime", frame_axis=2,
              supported="the EasyAnimate video transformer (torch)"),
     RootKind("Sana-Video", ("SanaVideoTransformer3DModel",), "spacetime", frame_axis=2,
@@ -157,6 +161,10 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
     # PRX: a latent [B, C, H, W] patchified row by row (img2seq) whose blocks take per-token rotary rows: the patch
     # grid matched on coordinates, as ComfyUI's Flux.
     RootKind("PRX", ("PRXTransformer2DModel",), "patchgrid", supported="the PRX transformer (torch)"),
+    # HunyuanImage 2.1: HunyuanVideo's blocks under its own classes over a latent [B, C, H, W] patchified by a tuple
+    # (rows, cols); before the suffix rule below, which would read it as a patchified latent of an int patch.
+    RootKind("HunyuanImage 2.1", ("HunyuanImageTransformer2DModel",), "patch_axes",
+             supported="the HunyuanImage 2.1 transformer (torch; merge mode)"),
     # Denoisers that patchify their latent once: SD3Transformer2DModel, PixArtTransformer2DModel,
     # DiTTransformer2DModel, ppdiffusers' Transformer2DModel (PixArt, DiT), SD3ControlNetModel,
     # SanaTransformer2DModel.

@@ -23,6 +23,7 @@ from .install import (
 from .kinds import BlockKind, Span, block_kind, in_temporal_container
 from .layouts import layout_of
 from .layouts_packed import Packed  # noqa: F401  (registers the "packed" layout with layout_of)
+from .layouts_image_first import PatchAxes  # noqa: F401  (registers "hunyuan_video" and "patch_axes")
 from .matcher import Matcher
 from .observe import CallWatch
 from .references import with_tail

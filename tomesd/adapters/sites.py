@@ -132,20 +132,21 @@ def check_rotated(hook: SiteHook, module: Any) -> None:
             f"processors, or run a batch of one")
 
 
-def unmerge_output(hook: SiteHook, flag: str, positions: Tuple[int, ...], output: Any) -> Any:
-    """The image tokens of a sub-layer's output back to every token (the last N of a joined sequence)."""
+def unmerge_output(hook: SiteHook, flag: str, positions: Tuple[int, ...], output: Any, head: bool = False) -> Any:
+    """The image tokens of a sub-layer's output back to every token (the last N of a joined sequence; with `head`,
+    its first N)."""
     merge = hook.patch.site_merge(hook.index, flag)
     restoring = hook.patch.site_restore(hook.index, flag)
     if merge is None:
         if restoring is not None:  # the window's unmerged step (restore_tokens): keep the residuals
-            restore.keep(hook, restoring, positions, output)
+            restore.keep(hook, restoring, positions, output, head)
         return None
 
     local = hook.patch.host.on_local_tokens
 
     def unmerge(output: Any) -> Any:
         if not positions:
-            return local(merge.unmerge_tail, output)
+            return local(merge.unmerge_head if head else merge.unmerge_tail, output)
         if not isinstance(output, tuple):  # a processor that returns the image tokens alone
             return local(merge.unmerge, output)
         return tuple(local(merge.unmerge, item) if i in positions and item is not None else item
@@ -164,7 +165,8 @@ class _SpanHook(SiteHook):
 
 
 class SpanStart(_SpanHook):
-    """A span's start: the image tokens (the last N) of this sub-layer's output merge."""
+    """A span's start: the image tokens (the last N, or the first N: Span.image_first) of this sub-layer's output
+    merge."""
 
     def post(self, module: Any, args: tuple, output: Any) -> Any:
         position = self.span.start_output
@@ -174,7 +176,7 @@ class SpanStart(_SpanHook):
             return None
         if not self.patch.host.is_compiling():
             self.patch.seat_span_cache(self.index, self.span)  # a cache added after the patch
-        merged = self._along_tokens("merge", merge.merge_tail, tokens)
+        merged = self._along_tokens("merge", _merge_fn(merge, self.span), tokens)
         self._record(self.span.flag, tokens, merged)
         if position is None:
             return merged
@@ -185,7 +187,11 @@ class SpanEnd(_SpanHook):
     """A span's end: its image output unmerges."""
 
     def post(self, module: Any, args: tuple, output: Any) -> Any:
-        return unmerge_output(self, self.span.flag, (), output)
+        return unmerge_output(self, self.span.flag, (), output, self.span.image_first)
+
+
+def _merge_fn(merge: Any, span: Span) -> Any:
+    return merge.merge_head if span.image_first else merge.merge_tail
 
 
 class SpanInterior(_SpanHook):
@@ -193,11 +199,11 @@ class SpanInterior(_SpanHook):
     cache, `merge` outside it, so the cache keeps full tokens and the span goes on with merged ones."""
 
     def unmerge(self, module: Any, args: tuple, output: Any) -> Any:
-        return unmerge_output(self, self.span.flag, (), output)
+        return unmerge_output(self, self.span.flag, (), output, self.span.image_first)
 
     def merge(self, module: Any, args: tuple, output: Any) -> Any:
         merge = self.patch.site_merge(self.index, self.span.flag)
-        return None if merge is None else self._along_tokens("merge", merge.merge_tail, output)
+        return None if merge is None else self._along_tokens("merge", _merge_fn(merge, self.span), output)
 
 
 class SpanRotary(_SpanHook):
@@ -213,7 +219,8 @@ class SpanRotary(_SpanHook):
         rows = self.spec.get(args, kwargs)
         if merge is None or rows is None:
             return None
-        return self.spec.replace(args, kwargs, follow_rotary(self, merge, rows, self.span.rotary_axis, self.span.rotates))
+        rows = follow_rotary(self, merge, rows, self.span.rotary_axis, self.span.rotates, self.span.image_first)
+        return self.spec.replace(args, kwargs, rows)
 
     def post(self, module: Any, args: tuple, output: Any) -> None:
         if self.span.rotates:

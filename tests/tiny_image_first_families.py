@@ -1,0 +1,63 @@
+"""Tiny transformers whose blocks join [image, text] with the image first under the root's key-padding mask
+(tomesd/adapters/kinds_image_first.py): HunyuanVideo and HunyuanImage 2.1, configs from diffusers' own tests (one
+double-stream and one single-stream block each), random weights, and keyword inputs for one forward as their
+pipelines build them."""
+import torch
+
+from tiny_torch import randomize_
+
+# ---- HunyuanVideo: latent [B, C, F, H, W], patch 1; rows (cos, sin) [image, D] built inside; the text's mask ----
+HUNYUAN_VIDEO = dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=1,
+                     num_single_layers=1, num_refiner_layers=1, patch_size=1, patch_size_t=1, guidance_embeds=True,
+                     text_embed_dim=16, pooled_projection_dim=8, rope_axes_dim=(2, 4, 4))
+
+
+def hunyuan_video(seed=0, **config):
+    from diffusers import HunyuanVideoTransformer3DModel
+
+    return randomize_(HunyuanVideoTransformer3DModel(**{**HUNYUAN_VIDEO, **config}), seed)
+
+
+def hunyuan_video_host_reads():
+    """Why the installed diffusers' HunyuanVideo forward cannot run on the meta device ("": it can)."""
+    import inspect
+
+    from diffusers import HunyuanVideoTransformer3DModel
+
+    looped = "for i in range(batch_size)" in inspect.getsource(HunyuanVideoTransformer3DModel.forward)
+    return "its forward (older diffusers) fills the mask sample by sample, up to each prompt's length" if looped else ""
+
+
+def _text_mask(batch, text, valid):
+    """Prompt tokens first, then `text - valid` padding tokens (None: no padding), as the pipelines' tokenizers pad."""
+    return (torch.arange(text) < (text if valid is None else valid)).float().expand(batch, text).clone()
+
+
+def hunyuan_video_inputs(model=None, batch=2, frames=2, h=8, w=8, text=6, valid=None, seed=1):
+    """As HunyuanVideoPipeline calls it; `valid`: how many prompt tokens the mask keeps (None: all)."""
+    gen = torch.Generator().manual_seed(seed)
+    return dict(hidden_states=torch.randn(batch, 4, frames, h, w, generator=gen), timestep=torch.full((batch,), 500.0),
+                encoder_hidden_states=torch.randn(batch, text, 16, generator=gen),
+                pooled_projections=torch.randn(batch, 8, generator=gen),
+                encoder_attention_mask=_text_mask(batch, text, valid), guidance=torch.full((batch,), 6000.0))
+
+
+# ---- HunyuanImage 2.1: latent [B, C, H, W], patch (1, 1); rows [image, D]; one text encoder (no byT5 glyph text,
+# whose tokens the root reorders by boolean masks, a host read of its own) ----
+HUNYUAN_IMAGE = dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=1,
+                     num_single_layers=1, num_refiner_layers=1, patch_size=(1, 1), guidance_embeds=False,
+                     text_embed_dim=16, rope_axes_dim=(4, 4))
+
+
+def hunyuan_image(seed=0):
+    from diffusers import HunyuanImageTransformer2DModel
+
+    return randomize_(HunyuanImageTransformer2DModel(**HUNYUAN_IMAGE), seed)
+
+
+def hunyuan_image_inputs(model=None, batch=2, h=8, w=8, text=6, valid=None, seed=1):
+    """As HunyuanImagePipeline calls it; `valid`: how many prompt tokens the mask keeps (None: all)."""
+    gen = torch.Generator().manual_seed(seed)
+    return dict(hidden_states=torch.randn(batch, 4, h, w, generator=gen), timestep=torch.full((batch,), 500.0),
+                encoder_hidden_states=torch.randn(batch, text, 16, generator=gen),
+                encoder_attention_mask=_text_mask(batch, text, valid))

@@ -1,0 +1,69 @@
+"""Transformers whose blocks join [image, text] with the image first under the root's key-padding mask over both
+(kinds_image_first.py: HunyuanVideo, HunyuanImage 2.1): the mask is sliced to the merged keys (key_masks.MaskSlice),
+the single blocks merge the first N tokens of the joined sequence (Span.image_first), and what cannot run is refused
+by name."""
+import pytest
+import torch
+
+import tomesd
+from families import FAMILIES, missing_host
+from tiny_image_first_families import hunyuan_image, hunyuan_image_inputs, hunyuan_video, hunyuan_video_inputs
+from tiny_video_families import run
+
+TOL = 1e-5
+BUILDS = {"hunyuan-video": (hunyuan_video, hunyuan_video_inputs), "hunyuan-image": (hunyuan_image, hunyuan_image_inputs)}
+
+
+def _skip_without(name):
+    reason = missing_host(FAMILIES[name])
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.mark.parametrize("name", sorted(BUILDS))
+def test_a_padded_prompt_gives_the_unpadded_prompts_output_under_tome(name):
+    """3 prompt tokens and 3 masked padding tokens after them give, merged, what the 3 tokens alone give (a batch of
+    2: each sample's rotary rows applied at the attention dispatch, to the first tokens of [image, text])."""
+    _skip_without(name)
+    build, inputs = BUILDS[name]
+    model = build().eval()
+    padded = inputs(model, text=6, valid=3)
+    short = dict(padded, encoder_hidden_states=padded["encoder_hidden_states"][:, :3],
+                 encoder_attention_mask=padded["encoder_attention_mask"][:, :3])
+    base = run(model, short)
+    tomesd.apply_patch(model, ratio=0.5)
+    try:
+        with tomesd.observe(model) as seen:
+            merged_short = run(model, short)
+        merged_padded = run(model, padded)
+    finally:
+        tomesd.remove_patch(model)
+    assert seen.calls[0].merged_blocks("attn") == [0, 1]  # the double and the single block
+    assert (merged_short - base).abs().max().item() > 1000 * TOL  # ToMe changed the output
+    torch.testing.assert_close(merged_padded, merged_short, atol=TOL, rtol=TOL)
+
+
+@pytest.mark.parametrize("option, cause", [(dict(mode="downsample"), "mode='downsample' cannot run on "
+                                                                      "HunyuanVideoTransformerBlock.*mode='merge'"),
+                                           (dict(proportional_attention=True), "HunyuanVideoTransformerBlock.*mask.*"
+                                                                               "proportional_attention=False")])
+def test_what_the_mask_rules_out_is_refused_by_name(option, cause):
+    _skip_without("hunyuan-video")
+    with pytest.raises(ValueError, match=cause):
+        tomesd.apply_patch(hunyuan_video(), **option)
+
+
+def test_token_replace_image_to_video_is_refused_by_name():
+    """HunyuanVideo-I2V's token_replace blocks keep the first frame (the condition image) apart by num_tokens: its
+    tokens must not merge with the generated frames', so the model is refused at apply time, naming the option."""
+    _skip_without("hunyuan-video")
+    import inspect
+
+    from diffusers import HunyuanVideoTransformer3DModel
+
+    if "image_condition_type" not in inspect.signature(HunyuanVideoTransformer3DModel.__init__).parameters:
+        pytest.skip("this diffusers' HunyuanVideo has no image-to-video blocks (env (a), current diffusers, runs it)")
+    model = hunyuan_video(image_condition_type="token_replace")
+    with pytest.raises(ValueError, match="image_condition_type='token_replace'.*remove_patch"):
+        tomesd.apply_patch(model)
+    assert not any(m._forward_pre_hooks for m in model.modules())

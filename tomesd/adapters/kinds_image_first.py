@@ -1,0 +1,53 @@
+"""Block kinds of diffusers' transformers whose joint attention puts the image before the text, [image, text], under a
+key-padding mask the root builds over both (BlockKind.mask "image_ones_first"): HunyuanVideo (text-to-video, and
+Framepack's blocks, which are its classes) and HunyuanImage 2.1. Each has double-stream blocks (image and text enter
+apart; the joint attention returns (image, text)) and single-stream blocks that join [image, text] inside their
+forward (a Span with image_first)."""
+from __future__ import annotations
+
+from typing import Tuple
+
+from .kind_types import BlockKind, Span, Sublayer
+
+# Their processors (HunyuanVideoAttnProcessor2_0, HunyuanImageAttnProcessor) rotate the image's queries and keys by
+# rows (cos, sin) [image, D] with diffusers' apply_rotary_emb and hand [image, text] to diffusers' dispatch with the
+# root's mask: per-sample rows are applied there to the first tokens (rotation_at_dispatch's image_first).
+_NO_DOWNSAMPLE = ("its processor hands the attention the root's mask over every key [image, text], and its single "
+                  "blocks project keys with the queries from [image, text] joined, so no seam shrinks the image's keys "
+                  "alone under that mask; use mode='merge'")
+_NO_WEIGHTS = ("its processor gives the attention the root's key-padding mask, which the weighing of merged keys "
+               "cannot join; use proportional_attention=False")
+
+
+def _double(name: str) -> BlockKind:
+    """A double-stream block: `attn` takes the image as hidden_states and the text as encoder_hidden_states, returns
+    (image, text); `ff` sees the image alone (the text has its own ff_context, never hooked)."""
+    return BlockKind(
+        name,
+        sublayers=(Sublayer("attn", "merge_attn", tokens=("hidden_states",), outputs=(0,), rotary="image_rotary_emb",
+                            rotates="cos_sin", image_keys_first=True),
+                   Sublayer("ff", "merge_mlp", tokens=("hidden_states",))),
+        downsample=(), no_downsample=_NO_DOWNSAMPLE, no_weights=_NO_WEIGHTS, mask="image_ones_first",
+    )
+
+
+def _single(name: str) -> BlockKind:
+    """A single-stream block given the image and the text apart, joining [image, text] inside: norm's output merges
+    (its first N tokens; the modulation after it is per sample), proj_mlp and the attention run on the merged
+    sequence (its processor rotates query[:, :-text]), proj_out's output unmerges before the residual."""
+    return BlockKind(
+        name,
+        sublayers=(),
+        downsample=(), no_downsample=_NO_DOWNSAMPLE, no_weights=_NO_WEIGHTS, mask="image_ones_first",
+        spans=(Span("norm", 0, ("proj_out",), "merge_attn", attention="attn", rotary_at="attn", rotates="cos_sin",
+                    attention_call="attn", image_first=True),),
+    )
+
+
+IMAGE_FIRST_KINDS: Tuple[BlockKind, ...] = (
+    _double("HunyuanVideoTransformerBlock"), _single("HunyuanVideoSingleTransformerBlock"),
+    _double("HunyuanImageTransformerBlock"), _single("HunyuanImageSingleTransformerBlock"),
+    # HunyuanVideo-I2V's (image_condition_type="token_replace"): the same sub-layers, known so that the root finds
+    # them and its layout refuses the model by name (layouts_image_first.py: the first frame is the condition image).
+    _double("HunyuanVideoTokenReplaceTransformerBlock"), _single("HunyuanVideoTokenReplaceSingleTransformerBlock"),
+)
