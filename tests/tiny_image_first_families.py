@@ -61,3 +61,41 @@ def hunyuan_image_inputs(model=None, batch=2, h=8, w=8, text=6, valid=None, seed
     return dict(hidden_states=torch.randn(batch, 4, h, w, generator=gen), timestep=torch.full((batch,), 500.0),
                 encoder_hidden_states=torch.randn(batch, text, 16, generator=gen),
                 encoder_attention_mask=_text_mask(batch, text, valid))
+
+
+# ---- HunyuanVideo Framepack: HunyuanVideo's blocks; the history's latents (clean, 2x, 4x) patchified and joined
+# before the target's tokens; image embeddings joined before the text ----
+FRAMEPACK = dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=1,
+                 num_single_layers=1, num_refiner_layers=1, patch_size=2, patch_size_t=1, guidance_embeds=True,
+                 text_embed_dim=16, pooled_projection_dim=8, rope_axes_dim=(2, 4, 4), has_image_proj=True,
+                 image_proj_dim=16, has_clean_x_embedder=True)
+
+
+def framepack(seed=0):
+    from diffusers import HunyuanVideoFramepackTransformer3DModel
+
+    return randomize_(HunyuanVideoFramepackTransformer3DModel(**FRAMEPACK), seed)
+
+
+def framepack_history(h, w):
+    """The history's tokens the root joins before a target of h x w (latent pixels): clean latents of one frame
+    (patch 2), 2x latents of two frames (patch 4), 4x latents of four frames (patch 8, the grid padded)."""
+    return h * w // 4 + -(-h // 4) * -(-w // 4) + -(-h // 8) * -(-w // 8)
+
+
+def framepack_inputs(model=None, batch=2, frames=2, h=8, w=8, text=6, valid=None, seed=1):
+    """As HunyuanVideoFramepackPipeline calls it (history of 1 clean, 2 2x and 4 4x frames); `valid`: how many prompt
+    tokens the mask keeps (None: all)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def latent(f):
+        return torch.randn(batch, 4, f, h, w, generator=gen)
+
+    return dict(hidden_states=latent(frames), timestep=torch.full((batch,), 500.0),
+                encoder_hidden_states=torch.randn(batch, text, 16, generator=gen),
+                encoder_attention_mask=_text_mask(batch, text, valid),
+                pooled_projections=torch.randn(batch, 8, generator=gen),
+                image_embeds=torch.randn(batch, 4, 16, generator=gen), indices_latents=torch.arange(frames) + 7.0,
+                guidance=torch.full((batch,), 6000.0), latents_clean=latent(1), indices_latents_clean=torch.zeros(1),
+                latents_history_2x=latent(2), indices_latents_history_2x=torch.arange(2) + 1.0,
+                latents_history_4x=latent(4), indices_latents_history_4x=torch.arange(4) + 3.0)

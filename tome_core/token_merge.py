@@ -168,6 +168,26 @@ class TokenMerge:
             reps = xp.concat([reps, tail_reps], 0)
         return TokenMerge(xp, flat_rows, inv_counts, b, n2, m2, shared, reps)
 
+    def with_passing_head(self, head: int) -> "TokenMerge":
+        """This merge over N tokens preceded by `head` tokens that pass whole, each its own merged row before the M
+        rows: condition tokens joined before the target's (Framepack's history latents) never merge with them."""
+        if head <= 0:
+            return self
+        xp, b, n, m = self._xp, self.batch, self.num_tokens, self.num_merged
+        n2, m2 = n + head, m + head
+        own = xp.arange(head, self._flat_rows)  # the head's rows within a sample, first
+        rows = xp.concat([xp.broadcast_to(xp.reshape(own, [1, head]), [b, head]), self.sample_rows() + head], 1)
+        flat_rows = xp.reshape(rows + xp.reshape(xp.arange(b * m2, rows, step=m2), [b, 1]), [b * n2])
+        ones = xp.zeros([b, head, 1], self._inv_counts) + 1
+        inv_counts = xp.concat([ones, xp.broadcast_to(self._inv_counts, [b, m, 1])], 1)
+        shared = None if self._rows is None else xp.concat([own, self._rows + head], 0)
+        reps = self.representatives
+        if reps is not None and len(xp.shape(reps)) == 2:
+            reps = xp.concat([xp.broadcast_to(xp.reshape(own, [1, head]), [b, head]), reps + head], 1)
+        elif reps is not None:
+            reps = xp.concat([own, reps + head], 0)
+        return TokenMerge(xp, flat_rows, inv_counts, b, n2, m2, shared, reps)
+
     def for_batch(self, batch: int) -> "TokenMerge":
         """This merge (computed for one map) applied to every sample of a batch of `batch`."""
         xp, n, m = self._xp, self.num_tokens, self.num_merged

@@ -1,10 +1,18 @@
 """TokenMerge.merge_head / unmerge_head / spread(head=True): a sequence whose first N tokens are the image and whose
 text follows (HunyuanVideo's single blocks join [image, text]): the image merges as alone, the text passes whole and
-comes back as it was. On each backend (`fw`), for one map shared by the batch and for one map per sample."""
+comes back as it was. TokenMerge.with_passing_head: condition tokens before the target's (Framepack's history) pass
+whole, each its own row. On each backend (`fw`), for one map shared by the batch and for one map per sample."""
 import numpy as np
 import pytest
 
 from tome_core import compute_coordinate_merges
+
+
+def _merge(fw, gen, b, h, w, per_sample):
+    rows, cols = np.divmod(np.arange(h * w), w)
+    coords = (fw.tensor(rows.astype(np.int64)), fw.tensor(cols.astype(np.int64)))
+    metric = fw.tensor(gen.standard_normal((b, h * w, 8)).astype(np.float32))
+    return compute_coordinate_merges(fw.xp, metric, coords, (2, 2), [10], None, per_sample=per_sample)[10]
 
 
 @pytest.mark.parametrize("per_sample", [True, False])
@@ -12,10 +20,7 @@ def test_the_first_n_tokens_merge_as_alone_and_the_text_after_them_passes(fw, pe
     gen = np.random.default_rng(0)
     b, h, w, text = 2, 4, 6, 5
     n = h * w
-    rows, cols = np.divmod(np.arange(n), w)
-    coords = (fw.tensor(rows.astype(np.int64)), fw.tensor(cols.astype(np.int64)))
-    metric = fw.tensor(gen.standard_normal((b, n, 8)).astype(np.float32))
-    merge = compute_coordinate_merges(fw.xp, metric, coords, (2, 2), [10], None, per_sample=per_sample)[10]
+    merge = _merge(fw, gen, b, h, w, per_sample)
     m = merge.num_merged
     assert m < n  # the image did merge
     x = gen.standard_normal((b, n + text, 4)).astype(np.float32)
@@ -33,3 +38,37 @@ def test_the_first_n_tokens_merge_as_alone_and_the_text_after_them_passes(fw, pe
     assert np.abs(spread[:, :n]).max() > 0.1
     # Without text, the image alone.
     np.testing.assert_allclose(fw.numpy(merge.merge_head(fw.tensor(x[:, :n]))), alone, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("per_sample", [True, False])
+def test_a_passing_head_stays_whole_before_the_target_which_merges_as_alone(fw, per_sample):
+    """[head, target, text] (Framepack's single blocks): merging the first head + N tokens keeps the head's and the
+    text's tokens as they are and merges the target's as alone; the head's rotary rows stay its own."""
+    gen = np.random.default_rng(2)
+    b, h, w, head, text = 2, 4, 6, 7, 3
+    n = h * w
+    merge = _merge(fw, gen, b, h, w, per_sample)
+    joined = merge.with_passing_head(head)
+    m = merge.num_merged
+    assert (joined.num_tokens, joined.num_merged) == (head + n, head + m) and m < n
+    x = gen.standard_normal((b, head + n + text, 4)).astype(np.float32)
+    merged = fw.numpy(joined.merge_head(fw.tensor(x)))
+    np.testing.assert_array_equal(merged[:, :head], x[:, :head])
+    np.testing.assert_allclose(merged[:, head:head + m], fw.numpy(merge.merge(fw.tensor(x[:, head:head + n]))),
+                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(merged[:, head + m:], x[:, head + n:])
+    back = fw.numpy(joined.unmerge_head(fw.tensor(merged)))
+    np.testing.assert_array_equal(back[:, :head], x[:, :head])
+    np.testing.assert_array_equal(back[:, head + n:], x[:, head + n:])
+    rows = fw.numpy(joined.sample_rows())  # no merged row holds a head token and a target token
+    assert not set(rows[:, :head].ravel().tolist()) & set(rows[:, head:].ravel().tolist())
+    table = np.arange(head + n, dtype=np.float32)[:, None] * np.ones((1, 2), np.float32)  # row i holds i
+    gathered = fw.numpy(joined.gather_rows(fw.tensor(table), 0))
+    alone = fw.numpy(merge.gather_rows(fw.tensor(table[head:]), 0))  # the target's rows, by their number
+    if gathered.ndim == 3:  # one table per sample
+        np.testing.assert_array_equal(gathered[:, :head, 0], np.tile(np.arange(head), (b, 1)))
+        np.testing.assert_array_equal(gathered[:, head:], alone)
+    else:
+        np.testing.assert_array_equal(gathered[:head, 0], np.arange(head))
+        np.testing.assert_array_equal(gathered[head:], alone)
+    assert merge.with_passing_head(0) is merge

@@ -1,17 +1,19 @@
 """Transformers whose blocks join [image, text] with the image first under the root's key-padding mask over both
-(kinds_image_first.py: HunyuanVideo, HunyuanImage 2.1): the mask is sliced to the merged keys (key_masks.MaskSlice),
-the single blocks merge the first N tokens of the joined sequence (Span.image_first), and what cannot run is refused
-by name."""
+(kinds_image_first.py: HunyuanVideo, its Framepack, HunyuanImage 2.1): the mask is sliced to the merged keys
+(key_masks.MaskSlice), the single blocks merge the first N tokens of the joined sequence (Span.image_first),
+Framepack's history tokens before the target's pass whole, and what cannot run is refused by name."""
 import pytest
 import torch
 
 import tomesd
 from families import FAMILIES, missing_host
-from tiny_image_first_families import hunyuan_image, hunyuan_image_inputs, hunyuan_video, hunyuan_video_inputs
+from tiny_image_first_families import (framepack, framepack_history, framepack_inputs, hunyuan_image,
+                                       hunyuan_image_inputs, hunyuan_video, hunyuan_video_inputs)
 from tiny_video_families import run
 
 TOL = 1e-5
-BUILDS = {"hunyuan-video": (hunyuan_video, hunyuan_video_inputs), "hunyuan-image": (hunyuan_image, hunyuan_image_inputs)}
+BUILDS = {"hunyuan-video": (hunyuan_video, hunyuan_video_inputs), "hunyuan-image": (hunyuan_image, hunyuan_image_inputs),
+          "framepack": (framepack, framepack_inputs)}
 
 
 def _skip_without(name):
@@ -41,6 +43,40 @@ def test_a_padded_prompt_gives_the_unpadded_prompts_output_under_tome(name):
     assert seen.calls[0].merged_blocks("attn") == [0, 1]  # the double and the single block
     assert (merged_short - base).abs().max().item() > 1000 * TOL  # ToMe changed the output
     torch.testing.assert_close(merged_padded, merged_short, atol=TOL, rtol=TOL)
+
+
+def test_framepacks_history_tokens_pass_whole_in_every_block():
+    """The history's tokens (clean, 2x, 4x latents) precede the target's in each block's input: the attention of the
+    double block and of the single block (inside its span, [history, target, text]) gets them exactly as the block
+    made them, before the merged target, and the text after; the target merged."""
+    _skip_without("framepack")
+    model = framepack()
+    history = framepack_history(8, 8)
+    double, single = model.transformer_blocks[0], model.single_transformer_blocks[0]
+    made, given = {}, {}
+
+    def keep(record, name, value):
+        record[name] = value  # (returns None: the hooks change nothing)
+
+    hooks = [double.norm1.register_forward_hook(lambda m, a, out: keep(made, "double", out[0])),
+             single.norm.register_forward_hook(lambda m, a, out: keep(made, "single", out[0]))]
+    for name, attn in (("double", double.attn), ("single", single.attn)):  # what the attention projects
+        hooks.append(attn.to_q.register_forward_pre_hook(lambda m, a, name=name: keep(given, name, a[0])))
+    tomesd.apply_patch(model, ratio=0.5)  # after the test's hooks: they see the norms' outputs before ToMe merges
+    try:
+        run(model, framepack_inputs(model))
+    finally:
+        tomesd.remove_patch(model)
+        for hook in hooks:
+            hook.remove()
+    target, text = 2 * 4 * 4, 4 + 6  # image embeddings and prompt
+    for name in ("double", "single"):
+        joined = given[name]  # the double block's image alone; the single block's [history, target, text]
+        image = joined.shape[1] - (text if name == "single" else 0)
+        assert history < image < history + target  # the target merged
+        assert torch.equal(joined[:, :history], made[name][:, :history])
+        if name == "single":  # the text passes too
+            assert torch.equal(joined[:, image:], made[name][:, history + target:])
 
 
 @pytest.mark.parametrize("option, cause", [(dict(mode="downsample"), "mode='downsample' cannot run on "

@@ -19,7 +19,7 @@ BlockMerge = Any
 class CallState:
     """What one call of a root computes; dropped when the call returns."""
 
-    __slots__ = ("grid", "coords", "ids", "tail", "timestep", "key", "draws", "finest_level", "merges", "pending",
+    __slots__ = ("grid", "coords", "ids", "tail", "head", "timestep", "key", "draws", "finest_level", "merges", "pending",
                  "shared", "step", "ratio", "watch", "band", "restore", "restoring")
 
     def __init__(self) -> None:
@@ -32,6 +32,7 @@ class CallState:
         self.coords: Optional[Tuple[Any, ...]] = None
         self.ids: Any = None  # Flux: the ids tensor itself, which tells grids of one token count apart
         self.tail = 0  # reference tokens after the image's, passed whole (references.py: Flux Kontext)
+        self.head = 0  # condition tokens before the image's in a block's input, passed whole (Framepack's history)
         self.timestep: Any = None
         self.key: Any = None  # computed at the call's first random draw, inside the forward
         self.draws: Dict[int, Any] = {}  # cells per block -> [blocks, cells] dst places

@@ -5,6 +5,8 @@ in layouts.STRATEGIES as this module is imported:
   image-to-video model built with image_condition_type="token_replace" runs other blocks, which give the first
   frame's tokens (the clean condition image) their own modulation by `num_tokens`: refused at apply time, since
   those tokens must never merge with the frames being generated.
+- "framepack": HunyuanVideo Framepack's: the target's latent gives the grid, and the history's tokens, joined before
+  the target's in each block's input, pass whole (TokenMerge.with_passing_head).
 - "patch_axes": HunyuanImage 2.1's latent [B, C, H, W] patchified by a (rows, cols) patch given as a tuple, matched on
   grid coordinates as "patchgrid" (its rotary rows follow each sample at the attention dispatch).
 """
@@ -31,6 +33,22 @@ def _hunyuan_video(root: Any, kind: RootKind, xp: Any) -> Layout:
     return Levels(root, kind, xp) if patch is None else HunyuanVideoGrid(root, kind, xp, 2, patch)
 
 
+class FramepackGrid(SpaceTime):
+    """Framepack: the target's latent [B, C, F, H, W] (its `hidden_states`) gives the grid; the root joins the
+    history's tokens (4x, 2x, clean latents) before the target's in every block's input, so the target is the input's
+    last N tokens and whatever precedes them passes whole (call.head: each its own row of every merge)."""
+
+    def image_tokens(self, call: Any, x: Any) -> Any:
+        tokens = super().image_tokens(call, x)
+        call.head = self.xp.shape(x)[1] - self.xp.shape(tokens)[1] - call.tail
+        return tokens
+
+
+def _framepack(root: Any, kind: RootKind, xp: Any) -> Layout:
+    patch = _spacetime_patch(root)
+    return Levels(root, kind, xp) if patch is None else FramepackGrid(root, kind, xp, 2, patch)
+
+
 class PatchAxes(PatchGrid):
     """A latent [B, C, H, W] patchified by (ph, pw): a space-time grid of one frame."""
 
@@ -49,3 +67,4 @@ def _patch_axes(root: Any, kind: RootKind, xp: Any) -> Layout:
 
 STRATEGIES["hunyuan_video"] = _hunyuan_video
 STRATEGIES["patch_axes"] = _patch_axes
+STRATEGIES["framepack"] = _framepack

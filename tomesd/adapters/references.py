@@ -76,3 +76,13 @@ def with_tail(merge: Any, tail: int) -> Any:
     if isinstance(merge, dict):
         return {flag: m.with_passing_tail(tail) for flag, m in merge.items()}
     return merge.with_passing_tail(tail)
+
+
+def with_head(merge: Any, head: int) -> Any:
+    """A block's merge (one, or one per site) extended over `head` condition tokens before the target's that pass
+    whole (layouts_image_first.py: Framepack's history latents)."""
+    if not head or merge is None:
+        return merge
+    if isinstance(merge, dict):
+        return {flag: m.with_passing_head(head) for flag, m in merge.items()}
+    return merge.with_passing_head(head)

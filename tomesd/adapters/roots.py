@@ -117,6 +117,11 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
     # over both (kinds_image_first.py). Its token_replace image-to-video model is refused (layouts_image_first.py).
     RootKind("HunyuanVideo", ("HunyuanVideoTransformer3DModel",), "hunyuan_video", frame_axis=2,
              supported="the HunyuanVideo video transformer (torch; merge mode; not token_replace image-to-video)"),
+    # HunyuanVideo Framepack: HunyuanVideo's blocks; the history's tokens (4x, 2x, clean latents) join before the
+    # target's in the blocks' input and pass whole (layouts_image_first.py); its image embeddings join the text.
+    RootKind("HunyuanVideo Framepack", ("HunyuanVideoFramepackTransformer3DModel",), "framepack", frame_axis=2,
+             supported="the HunyuanVideo Framepack video transformer (torch; merge mode; its history tokens never "
+                       "merge)"),
     RootKind("EasyAnimate", ("EasyAnimateTransformer3DModel",), "spacetime", frame_axis=2,
              supported="the EasyAnimate video transformer (torch)"),
     RootKind("Sana-Video", ("SanaVideoTransformer3DModel",), "spacetime", frame_axis=2,

@@ -26,7 +26,7 @@ from .layouts_packed import Packed  # noqa: F401  (registers the "packed" layout
 from .layouts_image_first import PatchAxes  # noqa: F401  (registers "hunyuan_video" and "patch_axes")
 from .matcher import Matcher
 from .observe import CallWatch
-from .references import with_tail
+from .references import with_head, with_tail
 from .restore import SiteRestore
 from .roots import root_kind
 from .signatures import LATENT, TIMESTEP, InputSpec
@@ -257,7 +257,7 @@ class ToMePatch:
         watch = call.watch
         started = None if watch is None else watch.start()
         matching = self.matcher.block_merge(index, block, self.layout.image_tokens(call, x), call, grad)
-        merge = with_tail(matching, call.tail)
+        merge = with_head(with_tail(matching, call.tail), call.head)
         if call.restore is not None and merge is not None:
             call.restoring[index] = (matching, merge)
             if call.restore.keep:
