@@ -45,13 +45,33 @@ def test_a_padded_prompt_gives_the_unpadded_prompts_output_under_tome(name):
     torch.testing.assert_close(merged_padded, merged_short, atol=TOL, rtol=TOL)
 
 
-def test_framepacks_history_tokens_pass_whole_in_every_block():
-    """The history's tokens (clean, 2x, 4x latents) precede the target's in each block's input: the attention of the
-    double block and of the single block (inside its span, [history, target, text]) gets them exactly as the block
-    made them, before the merged target, and the text after; the target merged."""
-    _skip_without("framepack")
-    model = framepack()
-    history = framepack_history(8, 8)
+def _token_replace():
+    """HunyuanVideo-I2V's model (image_condition_type='token_replace'), where this diffusers has it."""
+    import inspect
+
+    from diffusers import HunyuanVideoTransformer3DModel
+
+    if "image_condition_type" not in inspect.signature(HunyuanVideoTransformer3DModel.__init__).parameters:
+        pytest.skip("this diffusers' HunyuanVideo has no image-to-video blocks (env (a), current diffusers, runs it)")
+    return hunyuan_video(image_condition_type="token_replace")
+
+
+# (family, the model, its inputs, condition tokens before the target's, the target's tokens, text tokens): Framepack's
+# history (clean, 2x, 4x latents); HunyuanVideo-I2V's first frame (8 x 8 tokens of 3 frames, patch 1).
+CONDITIONED = {
+    "framepack": (framepack, lambda model: framepack_inputs(model), framepack_history(8, 8), 2 * 4 * 4, 4 + 6),
+    "token_replace": (_token_replace, lambda model: hunyuan_video_inputs(model, frames=3), 8 * 8, 2 * 8 * 8, 6),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONDITIONED))
+def test_condition_tokens_before_the_target_pass_whole_in_every_block(name):
+    """Framepack's history and HunyuanVideo-I2V's condition frame precede the target's tokens in each block's input:
+    the attention of the double block and of the single block (inside its span, [condition, target, text]) gets them
+    exactly as the block made them, before the merged target, and the text after; the target merged."""
+    _skip_without("framepack" if name == "framepack" else "hunyuan-video")
+    build, inputs, head, target, text = CONDITIONED[name]
+    model = build()
     double, single = model.transformer_blocks[0], model.single_transformer_blocks[0]
     made, given = {}, {}
 
@@ -60,23 +80,34 @@ def test_framepacks_history_tokens_pass_whole_in_every_block():
 
     hooks = [double.norm1.register_forward_hook(lambda m, a, out: keep(made, "double", out[0])),
              single.norm.register_forward_hook(lambda m, a, out: keep(made, "single", out[0]))]
-    for name, attn in (("double", double.attn), ("single", single.attn)):  # what the attention projects
-        hooks.append(attn.to_q.register_forward_pre_hook(lambda m, a, name=name: keep(given, name, a[0])))
+    for block, attn in (("double", double.attn), ("single", single.attn)):  # what the attention projects
+        hooks.append(attn.to_q.register_forward_pre_hook(lambda m, a, block=block: keep(given, block, a[0])))
     tomesd.apply_patch(model, ratio=0.5)  # after the test's hooks: they see the norms' outputs before ToMe merges
     try:
-        run(model, framepack_inputs(model))
+        with tomesd.observe(model) as seen:
+            run(model, inputs(model))
     finally:
         tomesd.remove_patch(model)
         for hook in hooks:
             hook.remove()
-    target, text = 2 * 4 * 4, 4 + 6  # image embeddings and prompt
-    for name in ("double", "single"):
-        joined = given[name]  # the double block's image alone; the single block's [history, target, text]
-        image = joined.shape[1] - (text if name == "single" else 0)
-        assert history < image < history + target  # the target merged
-        assert torch.equal(joined[:, :history], made[name][:, :history])
-        if name == "single":  # the text passes too
-            assert torch.equal(joined[:, image:], made[name][:, history + target:])
+    assert seen.calls[0].merged_blocks("attn") == [0, 1]
+    for block in ("double", "single"):
+        joined = given[block]  # the double block's image alone; the single block's [condition, target, text]
+        image = joined.shape[1] - (text if block == "single" else 0)
+        assert head < image < head + target  # the target merged
+        assert torch.equal(joined[:, :head], made[block][:, :head])
+        if block == "single":  # the text passes too
+            assert torch.equal(joined[:, image:], made[block][:, head + target:])
+
+
+def test_an_image_to_video_call_of_its_condition_frame_alone_is_refused_by_name():
+    model = _token_replace()
+    tomesd.apply_patch(model, ratio=0.5)
+    try:
+        with pytest.raises(ValueError, match="first latent frame is the condition image.*remove_patch"):
+            run(model, hunyuan_video_inputs(model, frames=1))
+    finally:
+        tomesd.remove_patch(model)
 
 
 @pytest.mark.parametrize("option, cause", [(dict(mode="downsample"), "mode='downsample' cannot run on "
@@ -87,19 +118,3 @@ def test_what_the_mask_rules_out_is_refused_by_name(option, cause):
     _skip_without("hunyuan-video")
     with pytest.raises(ValueError, match=cause):
         tomesd.apply_patch(hunyuan_video(), **option)
-
-
-def test_token_replace_image_to_video_is_refused_by_name():
-    """HunyuanVideo-I2V's token_replace blocks keep the first frame (the condition image) apart by num_tokens: its
-    tokens must not merge with the generated frames', so the model is refused at apply time, naming the option."""
-    _skip_without("hunyuan-video")
-    import inspect
-
-    from diffusers import HunyuanVideoTransformer3DModel
-
-    if "image_condition_type" not in inspect.signature(HunyuanVideoTransformer3DModel.__init__).parameters:
-        pytest.skip("this diffusers' HunyuanVideo has no image-to-video blocks (env (a), current diffusers, runs it)")
-    model = hunyuan_video(image_condition_type="token_replace")
-    with pytest.raises(ValueError, match="image_condition_type='token_replace'.*remove_patch"):
-        tomesd.apply_patch(model)
-    assert not any(m._forward_pre_hooks for m in model.modules())

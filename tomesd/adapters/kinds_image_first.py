@@ -47,7 +47,8 @@ def _single(name: str) -> BlockKind:
 IMAGE_FIRST_KINDS: Tuple[BlockKind, ...] = (
     _double("HunyuanVideoTransformerBlock"), _single("HunyuanVideoSingleTransformerBlock"),
     _double("HunyuanImageTransformerBlock"), _single("HunyuanImageSingleTransformerBlock"),
-    # HunyuanVideo-I2V's (image_condition_type="token_replace"): the same sub-layers, known so that the root finds
-    # them and its layout refuses the model by name (layouts_image_first.py: the first frame is the condition image).
+    # HunyuanVideo-I2V's (image_condition_type="token_replace"): the same sub-layers; the block modulates the first
+    # frame's tokens (the condition image) apart by num_tokens on every token, around the sites, and the layout passes
+    # that frame whole (layouts_image_first.py), so each split by num_tokens meets full-length tokens.
     _double("HunyuanVideoTokenReplaceTransformerBlock"), _single("HunyuanVideoTokenReplaceSingleTransformerBlock"),
 )

@@ -3,8 +3,8 @@ in layouts.STRATEGIES as this module is imported:
 
 - "hunyuan_video": HunyuanVideo's latent [B, C, F, H, W] on Wan's space-time grid (patch_size, patch_size_t). Its
   image-to-video model built with image_condition_type="token_replace" runs other blocks, which give the first
-  frame's tokens (the clean condition image) their own modulation by `num_tokens`: refused at apply time, since
-  those tokens must never merge with the frames being generated.
+  frame's tokens (the clean condition image) their own modulation by `num_tokens`: that frame passes whole (a head,
+  as below) and the frames after it merge.
 - "framepack": HunyuanVideo Framepack's: the target's latent gives the grid, and the history's tokens, joined before
   the target's in each block's input, pass whole (TokenMerge.with_passing_head).
 - "patch_axes": HunyuanImage 2.1's latent [B, C, H, W] patchified by a (rows, cols) patch given as a tuple, matched on
@@ -12,31 +12,32 @@ in layouts.STRATEGIES as this module is imported:
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Tuple
 
 from .layouts import STRATEGIES, Layout, Levels, PatchGrid, SpaceTime, _config, _spacetime_patch
 from .roots import RootKind
 
 
-class HunyuanVideoGrid(SpaceTime):
-    def validate(self, patch: Any) -> None:
-        if _config(patch.root, "image_condition_type") == "token_replace":
-            raise ValueError(
-                f"ToMe cannot merge {self.model} built with image_condition_type='token_replace' (HunyuanVideo-I2V): "
-                f"its blocks (HunyuanVideoTokenReplace*) keep the first frame's tokens, the condition image, apart by "
-                f"num_tokens, and ToMe would merge them with the generated frames' tokens. Run this model without ToMe "
-                f"(remove_patch); text-to-video and image_condition_type='latent_concat' merge")
+class HeadGrid(SpaceTime):
+    """A space-time grid [B, C, F, H, W] whose target tokens are the last N of each block's input; the tokens before
+    them pass whole, each its own row of every merge (call.head, TokenMerge.with_passing_head): Framepack's history
+    (4x, 2x and clean latents, joined before the target's by the root), or HunyuanVideo-I2V's first frame
+    (`condition_frames`=1: the clean condition image, which its token_replace blocks modulate apart by num_tokens)."""
 
+    def __init__(self, root: Any, kind: RootKind, xp: Any, patch: Tuple[int, int, int], condition_frames: int) -> None:
+        super().__init__(root, kind, xp, 2, patch)
+        self.condition_frames = condition_frames
 
-def _hunyuan_video(root: Any, kind: RootKind, xp: Any) -> Layout:
-    patch = _spacetime_patch(root)
-    return Levels(root, kind, xp) if patch is None else HunyuanVideoGrid(root, kind, xp, 2, patch)
+    def _grid(self, shape: Tuple[int, ...]) -> Any:
+        frames, rows, cols = super()._grid(shape)
+        return frames - self.condition_frames, rows, cols
 
-
-class FramepackGrid(SpaceTime):
-    """Framepack: the target's latent [B, C, F, H, W] (its `hidden_states`) gives the grid; the root joins the
-    history's tokens (4x, 2x, clean latents) before the target's in every block's input, so the target is the input's
-    last N tokens and whatever precedes them passes whole (call.head: each its own row of every merge)."""
+    def read(self, call: Any, module: Any, args: tuple, kwargs: dict, shape: Tuple[int, ...], name: str) -> None:
+        super().read(call, module, args, kwargs, shape, name)
+        if call.grid[0] < 1:
+            raise ValueError(f"{self.model}'s first latent frame is the condition image (image_condition_type="
+                             f"'token_replace'), which never merges, and this call has no other frame: generate more "
+                             f"frames, or run this call without ToMe (remove_patch)")
 
     def image_tokens(self, call: Any, x: Any) -> Any:
         tokens = super().image_tokens(call, x)
@@ -44,9 +45,15 @@ class FramepackGrid(SpaceTime):
         return tokens
 
 
+def _hunyuan_video(root: Any, kind: RootKind, xp: Any) -> Layout:
+    patch = _spacetime_patch(root)
+    first = 1 if _config(root, "image_condition_type") == "token_replace" else 0
+    return Levels(root, kind, xp) if patch is None else HeadGrid(root, kind, xp, patch, first)
+
+
 def _framepack(root: Any, kind: RootKind, xp: Any) -> Layout:
     patch = _spacetime_patch(root)
-    return Levels(root, kind, xp) if patch is None else FramepackGrid(root, kind, xp, 2, patch)
+    return Levels(root, kind, xp) if patch is None else HeadGrid(root, kind, xp, patch, 0)
 
 
 class PatchAxes(PatchGrid):

@@ -114,9 +114,11 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
     RootKind("HunyuanVideo 1.5", ("HunyuanVideo15Transformer3DModel",), "spacetime", frame_axis=2,
              supported="the HunyuanVideo 1.5 video transformer (torch; merge mode)"),
     # HunyuanVideo: [B, C, F, H, W] on Wan's grid; blocks joining [image, text], image first, under the root's mask
-    # over both (kinds_image_first.py). Its token_replace image-to-video model is refused (layouts_image_first.py).
+    # over both (kinds_image_first.py). Its token_replace image-to-video model's first frame, the condition image,
+    # passes whole (layouts_image_first.py).
     RootKind("HunyuanVideo", ("HunyuanVideoTransformer3DModel",), "hunyuan_video", frame_axis=2,
-             supported="the HunyuanVideo video transformer (torch; merge mode; not token_replace image-to-video)"),
+             supported="the HunyuanVideo video transformer (torch; merge mode; image-to-video's condition frame "
+                       "never merges)"),
     # HunyuanVideo Framepack: HunyuanVideo's blocks; the history's tokens (4x, 2x, clean latents) join before the
     # target's in the blocks' input and pass whole (layouts_image_first.py); its image embeddings join the text.
     RootKind("HunyuanVideo Framepack", ("HunyuanVideoFramepackTransformer3DModel",), "framepack", frame_axis=2,
