@@ -118,3 +118,17 @@ def test_what_the_mask_rules_out_is_refused_by_name(option, cause):
     _skip_without("hunyuan-video")
     with pytest.raises(ValueError, match=cause):
         tomesd.apply_patch(hunyuan_video(), **option)
+
+
+def test_hidream_is_refused_by_name():
+    """HiDream-I1 (not merged yet: its single blocks take [image, text] joined by the root, rows over both) is refused
+    at apply time, naming the cause, instead of as a root whose blocks ToMe does not know."""
+    diffusers = pytest.importorskip("diffusers")
+    if not hasattr(diffusers, "HiDreamImageTransformer2DModel"):
+        pytest.skip(f"diffusers {diffusers.__version__} has no HiDreamImageTransformer2DModel")
+    model = diffusers.HiDreamImageTransformer2DModel(
+        patch_size=2, in_channels=4, out_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=8,
+        num_attention_heads=2, caption_channels=[8, 4], text_emb_dim=8, num_routed_experts=2, num_activated_experts=2,
+        axes_dims_rope=(4, 2, 2), max_resolution=(16, 16), llama_layers=(0, 1), force_inference_output=True)
+    with pytest.raises(TypeError, match="cannot patch HiDreamImageTransformer2DModel.*image first"):
+        tomesd.apply_patch(model)
