@@ -99,3 +99,27 @@ def framepack_inputs(model=None, batch=2, frames=2, h=8, w=8, text=6, valid=None
                 guidance=torch.full((batch,), 6000.0), latents_clean=latent(1), indices_latents_clean=torch.zeros(1),
                 latents_history_2x=latent(2), indices_latents_history_2x=torch.arange(2) + 1.0,
                 latents_history_4x=latent(4), indices_latents_history_4x=torch.arange(4) + 3.0)
+
+
+# ---- HiDream-I1: latent [B, C, H, W] patchified inside (patch 2; a non-square one padded to max_resolution's tokens
+# under a mask); T5 and Llama layers' text; mixture-of-experts feed-forwards ----
+HIDREAM = dict(patch_size=2, in_channels=4, out_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=8,
+               num_attention_heads=2, caption_channels=[8, 4], text_emb_dim=8, num_routed_experts=2,
+               num_activated_experts=2, axes_dims_rope=(4, 2, 2), max_resolution=(16, 16), llama_layers=(0, 1),
+               force_inference_output=True)
+
+
+def hidream(seed=0):
+    from diffusers import HiDreamImageTransformer2DModel
+
+    return randomize_(HiDreamImageTransformer2DModel(**HIDREAM), seed)
+
+
+def hidream_inputs(model=None, batch=2, h=16, w=16, text=6, seed=1):
+    """As HiDreamImagePipeline calls it: T5's tokens, and each of two Llama layers' ([layers, B, S, C]; one prompt's
+    for the batch, so that reversing the batch along the first axis of the other inputs reverses the samples)."""
+    gen = torch.Generator().manual_seed(seed)
+    return dict(hidden_states=torch.randn(batch, 4, h, w, generator=gen), timesteps=torch.full((batch,), 500.0),
+                encoder_hidden_states_t5=torch.randn(batch, text, 8, generator=gen),
+                encoder_hidden_states_llama3=torch.randn(2, 1, text, 4, generator=gen).expand(2, batch, text, 4),
+                pooled_embeds=torch.randn(batch, 8, generator=gen))

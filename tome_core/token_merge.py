@@ -91,7 +91,7 @@ class TokenMerge:
             return x - self.unmerge_tail(self.merge_tail(x))
         return x - self.unmerge(self.merge(x))
 
-    def gather_rows(self, table: Any, axis: int = 0) -> Any:
+    def gather_rows(self, table: Any, axis: int = 0, image_first: bool = False) -> Any:
         """Rows of a per-token table (rotary positions) along `axis`, whose last N rows are the image's and
         any rows before them the text's (Flux: [text + image, D]; Wan: [1, image, 1, D] with axis=1; ComfyUI's
         Flux: [B, 1, text + image, ...] with axis=2): text rows stay, the image rows become one row per merged
@@ -99,21 +99,24 @@ class TokenMerge:
 
         With a representative per sample ([B, M]) the rows differ by sample: a table with axes before `axis`
         (its first of size 1 or B, any others of size 1) gives [B, ..., S', ...]; a table whose rows come
-        first ([S, D]) gains a batch axis in front, [B, S', D]."""
+        first ([S, D]) gains a batch axis in front, [B, S', D]. With `image_first`, the image's rows are the first N
+        and the text's follow them (HiDream's rows over [image, text])."""
         xp = self._xp
         s = xp.shape(table)[axis]
         if s < self.num_tokens:
             raise ValueError(f"a table with rows along axis {axis} must hold the image's {self.num_tokens} rows "
                              f"(after any text rows), got {s}")
-        head = s - self.num_tokens
+        text = s - self.num_tokens
+        head = 0 if image_first else text
         if len(xp.shape(self.representatives)) == 1:
-            if head == 0:
+            if text == 0:
                 return xp.take(table, self.representatives, axis)
-            rows = xp.concat([xp.arange(head, self.representatives), self.representatives + head], 0)
-            return xp.take(table, rows, axis)
-        return self._gather_sample_rows(table, axis, head)
+            rest = xp.arange(text, self.representatives) + (self.num_tokens if image_first else 0)
+            parts = [self.representatives, rest] if image_first else [rest, self.representatives + head]
+            return xp.take(table, xp.concat(parts, 0), axis)
+        return self._gather_sample_rows(table, axis, head, text - head)
 
-    def _gather_sample_rows(self, table: Any, axis: int, head: int) -> Any:
+    def _gather_sample_rows(self, table: Any, axis: int, head: int, after: int = 0) -> Any:
         xp, b = self._xp, self.batch
         shape = list(xp.shape(table))
         s, rest = shape[axis], shape[axis + 1:]
@@ -121,6 +124,9 @@ class TokenMerge:
         if head:
             text = xp.broadcast_to(xp.reshape(xp.arange(head, rows), [1, head]), [b, head])
             rows = xp.concat([text, rows], 1)
+        if after:  # text rows after the image's
+            text = xp.broadcast_to(xp.reshape(xp.arange(after, rows) + self.num_tokens, [1, after]), [b, after])
+            rows = xp.concat([rows, text], 1)
         kept = xp.shape(rows)[1]
         if axis == 0:
             return xp.reshape(xp.take(table, xp.reshape(rows, [b * kept]), 0), [b, kept] + rest)

@@ -1,19 +1,20 @@
-"""Transformers whose blocks join [image, text] with the image first under the root's key-padding mask over both
-(kinds_image_first.py: HunyuanVideo, its Framepack, HunyuanImage 2.1): the mask is sliced to the merged keys
-(key_masks.MaskSlice), the single blocks merge the first N tokens of the joined sequence (Span.image_first),
-Framepack's history tokens before the target's pass whole, and what cannot run is refused by name."""
+"""Transformers whose blocks join [image, text] with the image first under a key mask over both (kinds_image_first.py:
+HunyuanVideo, its Framepack, HunyuanImage 2.1; HiDream-I1's mask over a non-square image's padding): the mask is
+sliced to the merged keys (key_masks.MaskSlice), the single blocks merge the first N tokens of the joined sequence
+(Span.image_first, Sublayer.image_first), condition tokens before the target's pass whole, and what cannot run is
+refused by name."""
 import pytest
 import torch
 
 import tomesd
 from families import FAMILIES, missing_host
-from tiny_image_first_families import (framepack, framepack_history, framepack_inputs, hunyuan_image,
-                                       hunyuan_image_inputs, hunyuan_video, hunyuan_video_inputs)
+from tiny_image_first_families import (framepack, framepack_history, framepack_inputs, hidream, hidream_inputs,
+                                       hunyuan_image, hunyuan_image_inputs, hunyuan_video, hunyuan_video_inputs)
 from tiny_video_families import run
 
 TOL = 1e-5
-BUILDS = {"hunyuan-video": (hunyuan_video, hunyuan_video_inputs), "hunyuan-image": (hunyuan_image, hunyuan_image_inputs),
-          "framepack": (framepack, framepack_inputs)}
+BUILDS = {"hunyuan-video": (hunyuan_video, hunyuan_video_inputs),
+          "hunyuan-image": (hunyuan_image, hunyuan_image_inputs), "framepack": (framepack, framepack_inputs)}
 
 
 def _skip_without(name):
@@ -120,15 +121,38 @@ def test_what_the_mask_rules_out_is_refused_by_name(option, cause):
         tomesd.apply_patch(hunyuan_video(), **option)
 
 
-def test_hidream_is_refused_by_name():
-    """HiDream-I1 (not merged yet: its single blocks take [image, text] joined by the root, rows over both) is refused
-    at apply time, naming the cause, instead of as a root whose blocks ToMe does not know."""
-    diffusers = pytest.importorskip("diffusers")
-    if not hasattr(diffusers, "HiDreamImageTransformer2DModel"):
-        pytest.skip(f"diffusers {diffusers.__version__} has no HiDreamImageTransformer2DModel")
-    model = diffusers.HiDreamImageTransformer2DModel(
-        patch_size=2, in_channels=4, out_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=8,
-        num_attention_heads=2, caption_channels=[8, 4], text_emb_dim=8, num_routed_experts=2, num_activated_experts=2,
-        axes_dims_rope=(4, 2, 2), max_resolution=(16, 16), llama_layers=(0, 1), force_inference_output=True)
-    with pytest.raises(TypeError, match="cannot patch HiDreamImageTransformer2DModel.*image first"):
-        tomesd.apply_patch(model)
+def test_hidreams_padded_image_tokens_pass_whole_and_their_keys_stay_masked(monkeypatch):
+    """A non-square latent: HiDream pads its image tokens to max_seq and zeroes the padding's keys by
+    hidden_states_masks. Merged, the double block's attention projects [merged image, padding] with the padding's
+    tokens as the block made them, and the mask, sliced to the merged image, still zeroes exactly the padding's keys."""
+    _skip_without("hidream")
+    model = hidream()
+    image, padding, text = 8 * 6, 64 - 8 * 6, 6 + 6 + 6  # 16 x 12 latent pixels, patch 2; max_resolution 16 x 16
+    block = model.double_stream_blocks[0].block
+    seen, keys = {}, []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(query, key, value, **kwargs):
+        keys.append(key)
+        return sdpa(query, key, value, **kwargs)
+
+    hook = block.attn1.to_q.register_forward_pre_hook(lambda m, a: seen.__setitem__("q", a[0]))
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    inputs = hidream_inputs(model, h=16, w=12)
+    try:
+        run(model, inputs)
+        plain, keys[:] = seen["q"], []
+        tomesd.apply_patch(model, ratio=0.5)
+        try:
+            run(model, inputs)
+        finally:
+            tomesd.remove_patch(model)
+    finally:
+        hook.remove()
+    merged = seen["q"].shape[1] - padding
+    assert merged < image  # the image merged
+    assert torch.equal(seen["q"][:, merged:], plain[:, image:])  # the padding, whole
+    key = keys[0]  # the double block's: [B, heads, merged + padding + text, D]
+    assert key.shape[2] == merged + padding + text
+    assert (key[:, :, merged:merged + padding] == 0).all()  # the padding's keys masked
+    assert (key[:, :, :merged].abs().sum(-1) > 0).all()  # the merged image's not

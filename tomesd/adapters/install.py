@@ -129,7 +129,8 @@ def install_merge(patch: Any, index: int, block: Any, kind: BlockKind) -> None:
         flag = kind.sublayers[0].flag if kind.sublayers else kind.spans[0].flag  # the site of kind.self_attention
         attn = sublayer(block, kind.self_attention)
         if attn is not None and getattr(patch.args, flag):
-            around(patch, attn, MaskSlice(patch, index, flag, _mask_spec(attn)).pre, None)
+            spec = InputSpec.find(attn, MASK + ("hidden_states_masks",), first_positional=False) or _mask_spec(attn)
+            around(patch, attn, MaskSlice(patch, index, flag, spec).pre, None)
 
 
 def _weigh_span(patch: Any, index: int, block: Any, span: Span, start: Any, ends: list) -> None:

@@ -1,6 +1,6 @@
 """A key-padding mask over a joined [image, text] sequence whose image part is all True (BlockKind.mask
-"image_ones_first": HunyuanVideo's and HunyuanImage's roots build it as [B, 1, 1, image + text]), fitted to the merged
-image: with N image tokens merged into M, its last M + text entries are exactly the merged sequence's (every image
+"image_ones_first": HunyuanVideo's and HunyuanImage's roots build it as [B, 1, 1, image + text]; HiDream's as
+[B, image + padding (+ text)], ones over the image), fitted to the merged image: with N image tokens merged into M, its last M + text entries are exactly the merged sequence's (every image
 entry is True, so which N - M of them go does not matter). A slice of the host's tensor: no copy, no host read."""
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ class MaskSlice(SiteHook):
         if merge is None:
             return None
         keys = self.patch.xp.shape(mask)[-1]
-        if keys <= merge.num_tokens:
+        if keys < merge.num_tokens:
             raise ValueError(
                 f"ToMe slices {type(module).__name__}'s attention_mask to the merged image keys, which needs a mask "
-                f"over [{merge.num_tokens} image keys, text keys]; it has {keys} entries. Call apply_patch with "
+                f"over [{merge.num_tokens} image keys, any others]; it has {keys} entries. Call apply_patch with "
                 f"merge_attn=False")
         return self.spec.replace(args, kwargs, mask[..., merge.num_tokens - merge.num_merged:])

@@ -22,8 +22,12 @@ class Sublayer:
     rotary_item: Optional[int] = None
     rotates: str = ""  # how its processor applies rows with no batch axis, where the dispatch can do it (ROTATIONS)
     # Where its attention's keys hold the merged image keys: at the end of the key sequence (alone, or after text:
-    # Flux's [text, image]), or at its start (True: SD3's [image, text]). Read for proportional attention.
+    # Flux's [text, image]), or at its start (True: SD3's [image, text]). Read for proportional attention, and for
+    # rotary rows over image and text (True: HiDream's [image, text] rows, the image's first).
     image_keys_first: bool = False
+    # Its tokens are [image, text] joined with the image first (HiDream's single blocks): the first N merge, the rest
+    # pass whole.
+    image_first: bool = False
 
 
 @dataclass(frozen=True)

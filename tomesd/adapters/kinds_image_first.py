@@ -44,7 +44,26 @@ def _single(name: str) -> BlockKind:
     )
 
 
+def _hidream(name: str, single: bool) -> BlockKind:
+    """HiDream-I1's blocks: `attn1` (HiDreamAttention) takes the image first, [image, any padding], then (double) the
+    text apart or (single) the text joined after them by the root, and rotates [image, text] by rows
+    [B, image + text, 1, D/2, 2, 2] (a batch axis: they follow each sample) with its own function before torch's
+    attention; `ff_i` (a mixture of experts routing each token alone) sees the same tokens. A non-square latent's image
+    is padded to max_seq tokens under `hidden_states_masks` [B, max_seq (+ text)], ones over the image."""
+    return BlockKind(
+        name,
+        sublayers=(Sublayer("attn1", "merge_attn", tokens=("norm_hidden_states",), outputs=() if single else (0,),
+                            rotary="image_rotary_emb", rotary_axis=1, image_keys_first=True, image_first=True),
+                   Sublayer("ff_i", "merge_mlp", tokens=("x",), image_first=True)),
+        downsample=(),
+        no_downsample="HiDream's processor projects keys from the tokens it is given and calls torch's attention "
+                      "itself, so no seam takes the image's keys alone; use mode='merge'",
+        mask="image_ones_first",
+    )
+
+
 IMAGE_FIRST_KINDS: Tuple[BlockKind, ...] = (
+    _hidream("HiDreamImageTransformerBlock", single=False), _hidream("HiDreamImageSingleTransformerBlock", single=True),
     _double("HunyuanVideoTransformerBlock"), _single("HunyuanVideoSingleTransformerBlock"),
     _double("HunyuanImageTransformerBlock"), _single("HunyuanImageSingleTransformerBlock"),
     # HunyuanVideo-I2V's (image_condition_type="token_replace"): the same sub-layers; the block modulates the first

@@ -7,6 +7,8 @@ in layouts.STRATEGIES as this module is imported:
   as below) and the frames after it merge.
 - "framepack": HunyuanVideo Framepack's: the target's latent gives the grid, and the history's tokens, joined before
   the target's in each block's input, pass whole (TokenMerge.with_passing_head).
+- "image_first": HiDream-I1's latent [B, C, H, W], patchified row by row inside, whose tokens come first in every
+  block's input (a non-square latent's padding and the text after them pass whole).
 - "patch_axes": HunyuanImage 2.1's latent [B, C, H, W] patchified by a (rows, cols) patch given as a tuple, matched on
   grid coordinates as "patchgrid" (its rotary rows follow each sample at the attention dispatch).
 """
@@ -72,6 +74,25 @@ def _patch_axes(root: Any, kind: RootKind, xp: Any) -> Layout:
     return Levels(root, kind, xp) if patch is None else SpaceTime(root, kind, xp, 2, patch)
 
 
+class ImageFirstGrid(PatchGrid):
+    """HiDream-I1: a latent [B, C, H, W] patchified row by row inside; every block's input starts with the image's
+    tokens (then a non-square latent's padding up to max_seq, then, in single blocks, the text)."""
+
+    def image_tokens(self, call: Any, x: Any) -> Any:
+        if call.coords is None:
+            call.coords = self._coords(call, x)
+        if call.band is not None and call.band.index is not None:
+            raise ValueError(f"{self.model} under context parallelism cannot be merged: its image tokens come first in "
+                             f"a sequence ToMe cannot band; run it on one process, or without ToMe")
+        return x[:, : self.xp.shape(call.coords[0])[0]]
+
+
+def _image_first_grid(root: Any, kind: RootKind, xp: Any) -> Layout:
+    patch = _config(root, "patch_size")
+    return ImageFirstGrid(root, kind, xp, patch) if isinstance(patch, int) and patch > 0 else Levels(root, kind, xp)
+
+
 STRATEGIES["hunyuan_video"] = _hunyuan_video
+STRATEGIES["image_first"] = _image_first_grid
 STRATEGIES["patch_axes"] = _patch_axes
 STRATEGIES["framepack"] = _framepack

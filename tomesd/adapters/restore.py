@@ -35,13 +35,13 @@ class SiteRestore(NamedTuple):
 
 
 def keep(hook: Any, site: SiteRestore, positions: Tuple[int, ...], output: Any, head: bool = False) -> None:
-    """At the window's unmerged step: keep each of the site's image outputs' residual (`head`: a whole output's image
-    is its first N tokens, Span.image_first)."""
+    """At the window's unmerged step: keep each of the site's image outputs' residual (`head`: an output's image is
+    its first N tokens, Span.image_first / Sublayer.image_first)."""
     local, merge = hook.patch.host.on_local_tokens, site.merge
 
     def residual(position: int, x: Any, tail: bool) -> Any:
         # tome_core: each token minus its row's mean (over the image at the sequence's end, or at its start)
-        spread = local(lambda t: merge.spread(t, tail and not head, tail and head), x)
+        spread = local(lambda t: merge.spread(t, tail and not head, head), x)
         site.call.cache.residuals[(id(hook), position, site.call.ordinal)] = (site.matching, spread)
         return x
 

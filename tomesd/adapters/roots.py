@@ -172,11 +172,10 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
     # (rows, cols); before the suffix rule below, which would read it as a patchified latent of an int patch.
     RootKind("HunyuanImage 2.1", ("HunyuanImageTransformer2DModel",), "patch_axes",
              supported="the HunyuanImage 2.1 transformer (torch; merge mode)"),
-    RootKind("HiDream-I1", ("HiDreamImageTransformer2DModel",), "patchgrid",
-             refused="a transformer whose single-stream blocks take [image, text] joined by the root with the image "
-                     "first, rotary rows [B, image + text, ...] over both and, for a non-square latent, image tokens "
-                     "padded under a key mask, a layout ToMe does not merge yet (HunyuanImageTransformer2DModel and "
-                     "FluxTransformer2DModel merge)"),
+    # HiDream-I1: a latent [B, C, H, W] patchified inside (a non-square one padded to max_seq tokens under a mask);
+    # every block's input starts with the image (kinds_image_first.py), as layout "image_first" reads it.
+    RootKind("HiDream-I1", ("HiDreamImageTransformer2DModel",), "image_first",
+             supported="the HiDream-I1 transformer (torch; merge mode)"),
     # Denoisers that patchify their latent once: SD3Transformer2DModel, PixArtTransformer2DModel,
     # DiTTransformer2DModel, ppdiffusers' Transformer2DModel (PixArt, DiT), SD3ControlNetModel,
     # SanaTransformer2DModel.

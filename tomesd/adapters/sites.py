@@ -77,7 +77,7 @@ class MergeSite(SiteHook):
                 args, kwargs = self.rotary.replace(args, kwargs, rows)
         if self.mask is not None and self.mask.get(args, kwargs) is not None:
             raise ValueError(MASKED_SELF_ATTENTION)
-        merged = self._along_tokens("merge", merge.merge_tail, tokens)
+        merged = self._along_tokens("merge", merge.merge_head if self.layer.image_first else merge.merge_tail, tokens)
         self._record(self.layer.flag, tokens, merged)
         if self.weighs:
             key_weights.arm(self.patch, merge, self.layer.image_keys_first)
@@ -95,14 +95,15 @@ class MergeSite(SiteHook):
             check_rotated(self, module)
         if self.weighs and self.patch.site_merge(self.index, self.layer.flag) is not None:
             key_weights.check_weighed(self.patch, module)
-        return unmerge_output(self, self.layer.flag, self.layer.outputs, output)
+        return unmerge_output(self, self.layer.flag, self.layer.outputs, output, self.layer.image_first)
 
 
-def gather_rotary(merge: Any, rows: Any, axis: int) -> Any:
-    """Rotary rows (one table, or a tuple of them such as (cos, sin)) following the merged tokens."""
+def gather_rotary(merge: Any, rows: Any, axis: int, image_first: bool = False) -> Any:
+    """Rotary rows (one table, or a tuple of them such as (cos, sin)) following the merged tokens (`image_first`: rows
+    over [image, text], the image's first)."""
     if isinstance(rows, (tuple, list)):
-        return tuple(merge.gather_rows(table, axis) for table in rows)
-    return merge.gather_rows(rows, axis)
+        return tuple(merge.gather_rows(table, axis, image_first) for table in rows)
+    return merge.gather_rows(rows, axis, image_first)
 
 
 def follow_rotary(hook: SiteHook, merge: Any, rows: Any, axis: int, rotates: str, image_first: bool = False) -> Any:
@@ -110,7 +111,7 @@ def follow_rotary(hook: SiteHook, merge: Any, rows: Any, axis: int, rotates: str
     its own rows: a table with no batch axis ([S, D], axis 0) takes its one sample's rows for a batch of one;
     for more, the processor gets identity rows and the attention dispatch, armed here, rotates each sample by
     its own (kinds.ROTATIONS; the site's post-hook checks the dispatch took them)."""
-    gathered = gather_rotary(merge, rows, axis)
+    gathered = gather_rotary(merge, rows, axis, image_first)
     xp = hook.patch.xp
     if axis > 0 or len(xp.shape(merge.representatives)) == 1:
         return gathered
@@ -147,9 +148,10 @@ def unmerge_output(hook: SiteHook, flag: str, positions: Tuple[int, ...], output
     def unmerge(output: Any) -> Any:
         if not positions:
             return local(merge.unmerge_head if head else merge.unmerge_tail, output)
+        one = merge.unmerge_head if head else merge.unmerge  # the image alone (or followed by tokens that pass)
         if not isinstance(output, tuple):  # a processor that returns the image tokens alone
-            return local(merge.unmerge, output)
-        return tuple(local(merge.unmerge, item) if i in positions and item is not None else item
+            return local(one, output)
+        return tuple(local(one, item) if i in positions and item is not None else item
                      for i, item in enumerate(output))
 
     output = hook._timed("unmerge", unmerge, output)

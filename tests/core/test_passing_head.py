@@ -72,3 +72,20 @@ def test_a_passing_head_stays_whole_before_the_target_which_merges_as_alone(fw, 
         np.testing.assert_array_equal(gathered[:head, 0], np.arange(head))
         np.testing.assert_array_equal(gathered[head:], alone)
     assert merge.with_passing_head(0) is merge
+
+
+@pytest.mark.parametrize("per_sample", [True, False])
+def test_rotary_rows_over_image_then_text_follow_the_image_and_keep_the_texts(fw, per_sample):
+    """Rows over [image, text] (HiDream's, with a batch axis, and without one): the image's first N become the merged
+    rows' representatives' rows, the text's after them stay."""
+    gen = np.random.default_rng(3)
+    b, h, w, text = 2, 4, 6, 5
+    n = h * w
+    merge = _merge(fw, gen, b, h, w, per_sample)
+    alone = fw.numpy(merge.gather_rows(fw.tensor(np.arange(n, dtype=np.float32)[:, None]), 0))
+    for lead in ((), (b,)):  # [S, 1] and [B, S, 1] (rows along axis 1)
+        table = np.broadcast_to(np.arange(n + text, dtype=np.float32)[:, None], lead + (n + text, 1)).copy()
+        rows = fw.numpy(merge.gather_rows(fw.tensor(table), len(lead), image_first=True))
+        image, after = rows[..., :merge.num_merged, 0], rows[..., merge.num_merged:, 0]
+        np.testing.assert_array_equal(after, np.broadcast_to(np.arange(n, n + text), after.shape))
+        np.testing.assert_array_equal(image, np.broadcast_to(alone[..., 0], image.shape))
