@@ -156,3 +156,26 @@ def test_hidreams_padded_image_tokens_pass_whole_and_their_keys_stay_masked(monk
     assert key.shape[2] == merged + padding + text
     assert (key[:, :, merged:merged + padding] == 0).all()  # the padding's keys masked
     assert (key[:, :, :merged].abs().sum(-1) > 0).all()  # the merged image's not
+
+
+
+
+@pytest.mark.parametrize("name, image, grid", [("hunyuan-video", 2 * 8 * 8, dict(frames=2, h=8, w=8)),
+                                               ("hidream", 8 * 6, dict(h=16, w=12))])
+def test_restore_tokens_keeps_no_residual_for_the_tokens_after_the_image(name, image, grid):
+    """restore_tokens' unmerged step keeps each site's residual: where the image comes first in a site's output
+    (HunyuanVideo's single-block span, [image, text]; HiDream's sites over [image, padding (, text)]), the tokens after
+    it have none, and the image's is not zero."""
+    _skip_without(name)
+    family = FAMILIES[name]
+    model = family.build()
+    tomesd.apply_patch(model, ratio=0.5, reuse_steps=2, restore_tokens=True)
+    try:
+        run(model, family.inputs(model, **grid))  # the window's first step: unmerged, keeping residuals
+        residuals = [spread for _, spread in model._tome_patch.matcher.steps.cache.residuals.values()]
+    finally:
+        tomesd.remove_patch(model)
+    joined = [spread for spread in residuals if spread.shape[1] > image]
+    assert joined  # sites whose output holds more than the image
+    for spread in joined:
+        assert (spread[:, image:] == 0).all() and (spread[:, :image].abs().amax() > 1e-3)
