@@ -12,6 +12,7 @@ import tiny_image_families as I
 import tiny_packed_families as P
 import tiny_torch as T
 import tiny_transformers as X
+import tiny_unified_families as U
 import tiny_video_families as V
 
 
@@ -182,6 +183,16 @@ FAMILIES = {
                          ("hidden_states", "encoder_hidden_states", "timestep"), True,
                          (dict(h=8, w=8), dict(h=6, w=10)), merged_blocks=(0, 1), root="Qwen-Image",
                          host_class="QwenImageTransformer2DModel"),
+    # A unified sequence of image and text tokens with padding (layouts_unified.py): Z-Image's image first, Lumina 2's
+    # after each sample's text; prompts of different lengths per sample, so the joint layers get a padding mask.
+    "z-image": Family("z-image", U.z_image, U.z_image_inputs, U.z_image_run, ("x", "cap_feats", "t"), False,
+                      (dict(h=16, w=16), dict(h=12, w=20)), merged_blocks=(0, 2), root="Z-Image",
+                      host_class="ZImageTransformer2DModel"),
+    "lumina2": Family("lumina2", U.lumina2, U.lumina2_inputs, U.run,
+                      ("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask"), False,
+                      (dict(h=16, w=16), dict(h=12, w=20)), merged_blocks=(0, 2, 3), root="Lumina 2",
+                      host_class="Lumina2Transformer2DModel",
+                      host_reads="its rotary embedder reads each prompt's length by .tolist() of the mask's sum"),
     "chroma": Family("chroma", X.chroma, X.chroma_inputs, X.run, ("hidden_states", "encoder_hidden_states", "timestep"),
                      True, (dict(h=8, w=8), dict(h=6, w=10)), merged_blocks=(0, 1, 2, 3), root="Chroma",
                      host_class="ChromaTransformer2DModel"),
@@ -255,4 +266,5 @@ def missing_host(family: Family) -> str:
 
 def flipped(family: Family, inputs: dict) -> dict:
     """The same inputs with the batch in reverse order."""
-    return {k: (v.flip(0) if k in family.batched else v) for k, v in inputs.items()}
+    return {k: (v if k not in family.batched else v[::-1] if isinstance(v, (list, tuple)) else v.flip(0))
+            for k, v in inputs.items()}  # per-sample lists (Z-Image's latents and captions) reversed

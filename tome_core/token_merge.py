@@ -194,6 +194,41 @@ class TokenMerge:
             reps = xp.concat([own, reps + head], 0)
         return TokenMerge(xp, flat_rows, inv_counts, b, n2, m2, shared, reps)
 
+    def placed(self, starts: Any, total: int) -> "TokenMerge":
+        """This merge over N image tokens placed in a sequence of `total` tokens whose image starts at `starts`
+        ([B] integer, on the device: a place per sample) and whose other tokens pass whole, each its own row, in
+        place: sample b's merged sequence is its tokens before the image, the image's M rows, then its tokens
+        after, `total - (N - M)` rows for every sample. Unified sequences (Z-Image's [image, text, padding],
+        Lumina 2's [text_b, image, padding] with a text length per sample) merge so with no host read; rotary rows
+        and a key-padding mask follow the representatives (gather_rows). Nothing is read on the host."""
+        xp, b, n, m = self._xp, self.batch, self.num_tokens, self.num_merged
+        r, kept = n - m, total - (n - m)
+        starts = xp.reshape(starts, [b, 1])
+        sample = xp.reshape(xp.arange(b, starts), [b, 1])
+
+        def inside(length: int, size: int) -> Tuple[Any, Any, Any]:
+            at = xp.reshape(xp.arange(length, starts), [1, length])
+            rel = at - starts  # [B, length]: place relative to the image's first token
+            within = (rel >= 0) & (rel < size)
+            return at, rel, xp.where(within, rel, rel * 0) + sample * size  # flat index into a [B * size] table
+
+        at, rel, flat = inside(total, n)
+        image = xp.take(xp.reshape(self.sample_rows(), [b * n]), xp.reshape(flat, [b * total]), 0)
+        image = xp.reshape(image, [b, total]) + starts
+        rows = xp.where(rel < 0, at + rel * 0, xp.where(rel < n, image, at - r))
+        flat_rows = xp.reshape(rows + sample * kept, [b * total])
+        at, rel, flat = inside(kept, m)
+        counts = xp.take(xp.reshape(xp.broadcast_to(self._inv_counts, [b, m, 1]), [b * m, 1]),
+                         xp.reshape(flat, [b * kept]), 0)
+        within = xp.reshape((rel >= 0) & (rel < m), [b, kept, 1])
+        inv_counts = xp.where(within, xp.reshape(counts, [b, kept, 1]), xp.zeros([b, kept, 1], counts) + 1)
+        reps = None
+        if self.representatives is not None:
+            own = xp.reshape(xp.broadcast_to(self.representatives, [b, m]), [b * m])
+            reps = xp.reshape(xp.take(own, xp.reshape(flat, [b * kept]), 0), [b, kept]) + starts
+            reps = xp.where(rel < 0, at + rel * 0, xp.where(rel < m, reps, at + r))
+        return TokenMerge(xp, flat_rows, inv_counts, b, total, kept, None, reps)
+
     def for_batch(self, batch: int) -> "TokenMerge":
         """This merge (computed for one map) applied to every sample of a batch of `batch`."""
         xp, n, m = self._xp, self.num_tokens, self.num_merged

@@ -19,8 +19,8 @@ BlockMerge = Any
 class CallState:
     """What one call of a root computes; dropped when the call returns."""
 
-    __slots__ = ("grid", "coords", "ids", "tail", "head", "timestep", "key", "draws", "finest_level", "merges", "pending",
-                 "shared", "step", "ratio", "watch", "band", "restore", "restoring")
+    __slots__ = ("grid", "coords", "ids", "tail", "head", "timestep", "key", "draws", "finest_level", "merges",
+                 "pending", "shared", "step", "ratio", "watch", "band", "restore", "restoring", "unified")
 
     def __init__(self) -> None:
         # The layout's reading of this call's token grid, from shapes only (layouts.py): the latent's
@@ -33,6 +33,8 @@ class CallState:
         self.ids: Any = None  # Flux: the ids tensor itself, which tells grids of one token count apart
         self.tail = 0  # reference tokens after the image's, passed whole (references.py: Flux Kontext)
         self.head = 0  # condition tokens before the image's in a block's input, passed whole (Framepack's history)
+        # A unified sequence's per-call reading (layouts_unified.py): the text lengths' source, the image's starts
+        self.unified: Dict[Any, Any] = {}
         self.timestep: Any = None
         self.key: Any = None  # computed at the call's first random draw, inside the forward
         self.draws: Dict[int, Any] = {}  # cells per block -> [blocks, cells] dst places

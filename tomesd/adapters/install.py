@@ -102,7 +102,8 @@ def install_merge(patch: Any, index: int, block: Any, kind: BlockKind) -> None:
         if layer.rotary is not None:  # by keyword, or where the signature puts it (Wan passes it by position)
             rotary = InputSpec.find(sub, (layer.rotary,), first_positional=False) or InputSpec(layer.rotary, None)
         hook = MergeSite(patch, index, layer, InputSpec.find(sub, layer.tokens, first_positional=True), rotary,
-                         mask=_mask_spec(sub) if layer.name == kind.self_attention and not kind.mask else None)
+                         mask=_mask_spec(sub) if layer.name == kind.self_attention and kind.mask != "text" else None,
+                         mask_follows=kind.mask == "tokens")
         around(patch, sub, hook.pre, hook.post)
     for span in kind.spans:
         start = sublayer(block, span.start)

@@ -28,6 +28,8 @@ class Sublayer:
     # Its tokens are [image, text] joined with the image first (HiDream's single blocks): the first N merge, the rest
     # pass whole.
     image_first: bool = False
+    # Other inputs given the same tokens, which merge alike (Lumina 2's attention takes them as its context too).
+    also: Tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,8 @@ class BlockKind:
     # so merged image tokens leave it as it is; "image_ones_first": a key-padding mask [B, 1, 1, image + text] over
     # the joined [image, text] keys whose image part is all True (HunyuanVideo's, built by the root), so merging N
     # image tokens into M keeps its last M + text entries (a view; sites.MaskSlice), exactly.
+    # so merged image tokens leave it as it is; "tokens": a key-padding mask [B, S] over every token of a unified
+    # sequence (layouts_unified.py), whose merged rows keep their representative's entry.
     mask: str = ""
     # Where the block's class is defined (a module prefix; "": anywhere): ComfyUI's QwenImageTransformerBlock shares
     # diffusers' name and takes other rotary rows.

@@ -1,14 +1,14 @@
-"""Token layouts: how a call's token grid is read (from shapes only, at the root's entry), how the image
-tokens and their grid coordinates are found at the first block (on the device of its input), and which
-blocks merge with what r. One strategy per layout; root kinds (roots.py) name theirs.
-
-- "levels": a UNet. Blocks sit at several levels of the latent; tomesd's rule picks the levels (each
-  block's grid is found from its token count); each sample is matched on its own.
+"""Token layouts: how a call's token grid is read (from shapes only, at the root's entry), how the image tokens and
+their grid coordinates are found at the first block (on the device of its input), and which blocks merge with
+what r. One strategy per layout; root kinds (roots.py) name theirs.
+- "levels": a UNet. Blocks sit at several levels of the latent; tomesd's rule picks the levels (each block's grid
+  is found from its token count); each sample is matched on its own.
 - "patches": a diffusion transformer patchifying its latent once: every block sees one (h/p, w/p) grid.
 - "ids": Flux. One token list whose grid is given by `img_ids`; text may come first in a block's input.
 - "patchgrid": as "patches", matched on grid coordinates (ComfyUI's Flux).
-- "spacetime": Wan, CogVideoX. Every frame's tokens in one sequence (frames, rows, columns); dst strides
-  per axis (st, sy, sx); "packed" (layouts_packed.py): such a grid read from the root's arguments.
+- "spacetime": Wan, CogVideoX. Every frame's tokens in one sequence (frames, rows, columns); dst strides per axis
+  (st, sy, sx); "packed" (layouts_packed.py): such a grid read from the root's arguments; "unified"
+  (layouts_unified.py): the image somewhere in one sequence with text and padding (Z-Image, Lumina 2).
 The three coordinate layouts match each sample on its own where every block's rotary rows can follow it,
 else once for the batch (runtime.ToMePatch.per_sample).
 """
@@ -20,6 +20,7 @@ from typing import Any, Dict, Optional, Tuple
 from tome_core import band_range, block_grid, plan_level_block, plan_grid_block
 
 from .guards import split_sequence
+from .references import with_head, with_tail
 from .roots import SUPPORTED, RootKind
 from .signatures import InputSpec
 
@@ -53,9 +54,15 @@ class Layout:
     def _grid(self, shape: Tuple[int, ...]) -> Any:
         return shape[-2], shape[-1]
 
-    def image_tokens(self, call: Any, x: Any) -> Any:
-        """The image tokens of a block's input `x` (all of them, or its last N)."""
+    def latent_shape(self, latent: Any) -> Tuple[int, ...]:
+        return self.xp.shape(latent)  # a list of latents (Z-Image) has its own (layouts_unified.py)
+
+    def image_tokens(self, call: Any, x: Any, index: int = 0) -> Any:
+        """The image tokens of block `index`'s input `x` (all of them, or its last N)."""
         return x
+
+    def placed(self, call: Any, x: Any, index: int, matching: Any) -> Any:
+        return with_head(with_tail(matching, call.tail), call.head)  # over its whole input: a head and a tail pass whole
 
     def plan(self, args: Any, call: Any, batch: int, num_tokens: int, index: int, bands: int = 1) -> Any:
         """Block `index`'s plan for `num_tokens` image tokens (one band's, when `bands` of them are matched)."""
@@ -83,10 +90,9 @@ class Levels(Layout):
 
     def read(self, call: Any, module: Any, args: tuple, kwargs: dict, shape: Tuple[int, ...], name: str) -> None:
         if self.guessed and len(shape) != self.latent_dims:
-            raise ValueError(
-                f"ToMe does not know {self.model}: its transformer blocks are of a kind ToMe merges, but its family "
-                f"is not in ToMe's table (tomesd/adapters/roots.py), so it was read as a UNet, whose '{name}' input "
-                f"is a latent [B, C, H, W]; it got {list(shape)}. Supported: {SUPPORTED}")
+            raise ValueError(f"ToMe does not know {self.model}: its transformer blocks are of a kind ToMe merges, but "
+                             f"its family is not in ToMe's table (tomesd/adapters/roots.py), so it was read as a UNet, "
+                             f"whose '{name}' input is a latent [B, C, H, W]; it got {list(shape)}. Supported: {SUPPORTED}")
         super().read(call, module, args, kwargs, shape, name)
 
     def plan(self, args: Any, call: Any, batch: int, num_tokens: int, index: int, bands: int = 1) -> Any:
@@ -124,7 +130,7 @@ class _Coordinates(Layout):
 
     bands = "tokens"
 
-    def image_tokens(self, call: Any, x: Any) -> Any:
+    def image_tokens(self, call: Any, x: Any, index: int = 0) -> Any:
         if call.coords is None:
             call.coords = self._coords(call, x)
         n, s = self.xp.shape(call.coords[0])[0], self.xp.shape(x)[1]
@@ -165,16 +171,13 @@ class Ids(_Coordinates):
         no tensor work (a graph tracer then sees one graph); the first block reads the coordinates."""
         ids = self.spec.get(args, kwargs)
         if len(shape) != 3 or ids is None:
-            raise ValueError(
-                f"ToMe needs {type(module).__name__}'s packed latent [B, N, C] and its {self.name} [N, 3], got "
-                f"{list(shape)} and {None if ids is None else list(self.xp.shape(ids))}"
-            )
+            raise ValueError(f"ToMe needs {type(module).__name__}'s packed latent [B, N, C] and its {self.name} [N, 3], "
+                             f"got {list(shape)} and {None if ids is None else list(self.xp.shape(ids))}")
         ids_shape = self.xp.shape(ids)
         rows = ids_shape[1] if len(ids_shape) == 3 else ids_shape[0]  # older diffusers: ids with a batch axis
         if rows != shape[1]:
-            raise ValueError(
-                f"{self.name} has {rows} rows for {shape[1]} latent tokens: ToMe merges the latent's own tokens "
-                f"and reads their grid from {self.name}, one row each")
+            raise ValueError(f"{self.name} has {rows} rows for {shape[1]} latent tokens: ToMe merges the latent's own "
+                             f"tokens and reads their grid from {self.name}, one row each")
         call.ids = ids  # the whole tensor: it tells this run's grid from another's of one token count
         if self.target is not None and rows > self.target:  # a reference image's tokens follow the target's
             call.tail = rows - self.target
@@ -194,22 +197,20 @@ class Ids(_Coordinates):
         if known is not None and known[0]() is ids:
             return known[1]
         if host.is_compiling():
-            raise RuntimeError(
-                "mode='downsample' on Flux reads the image's rows and columns from img_ids on the host (its packed "
-                "latent's shape does not give them), which a compiled graph cannot do; use mode='merge' under "
-                "torch.compile, or run this patch eagerly")
-        rows, cols = self._coords(call, ids)
-        # From the grid's corner, wherever the ids start (LongCat-Image's at (512, 512)), as the matching counts.
-        rows, cols = rows - rows.min(), cols - cols.min()
+            raise RuntimeError("mode='downsample' on Flux reads the image's rows and columns from img_ids on the host "
+                               "(its packed latent's shape does not give them), which a compiled graph cannot do; use "
+                               "mode='merge' under torch.compile, or run this patch eagerly")
+        rows, cols = self._coords(call, ids)  # from the grid's corner, wherever the ids start (LongCat-Image's at 512)
+        rows, cols = rows - rows.min(), cols - cols.min()  # as the matching counts
         n = self.xp.shape(rows)[0]
         h, w = int(host.host_float(rows.max())) + 1, int(host.host_float(cols.max())) + 1
         token = self.xp.arange(n, rows)
         row_major = n == h * w and host.host_float(
             self.xp.to_float32(((rows == token // w) & (cols == token % w)).all())) == 1.0
         if not row_major:
-            raise ValueError(
-                f"mode='downsample' needs {self.name} to be the image's grid in row-major order from its corner, as "
-                f"diffusers' Flux pipelines make it; these {n} ids are not a full {h}x{w} grid. Use mode='merge'")
+            raise ValueError(f"mode='downsample' needs {self.name} to be the image's grid in row-major order from its "
+                             f"corner, as diffusers' Flux pipelines make it; these {n} ids are not a full {h}x{w} grid. "
+                             f"Use mode='merge'")
         self._grids = {key: value for key, value in self._grids.items() if value[0]() is not None}
         self._grids[id(ids)] = (weakref.ref(ids), (1, h, w))
         return 1, h, w

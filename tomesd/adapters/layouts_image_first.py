@@ -41,7 +41,7 @@ class HeadGrid(SpaceTime):
                              f"'token_replace'), which never merges, and this call has no other frame: generate more "
                              f"frames, or run this call without ToMe (remove_patch)")
 
-    def image_tokens(self, call: Any, x: Any) -> Any:
+    def image_tokens(self, call: Any, x: Any, index: int = 0) -> Any:
         tokens = super().image_tokens(call, x)
         call.head = self.xp.shape(x)[1] - self.xp.shape(tokens)[1] - call.tail
         return tokens
@@ -78,7 +78,7 @@ class ImageFirstGrid(PatchGrid):
     """HiDream-I1: a latent [B, C, H, W] patchified row by row inside; every block's input starts with the image's
     tokens (then a non-square latent's padding up to max_seq, then, in single blocks, the text)."""
 
-    def image_tokens(self, call: Any, x: Any) -> Any:
+    def image_tokens(self, call: Any, x: Any, index: int = 0) -> Any:
         if call.coords is None:
             call.coords = self._coords(call, x)
         if call.band is not None and call.band.index is not None:

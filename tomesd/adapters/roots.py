@@ -17,7 +17,9 @@ from .frameworks import class_names
 class RootKind:
     family: str  # what users call it
     classes: Tuple[str, ...]  # class names in the root's ancestry
-    layout: str  # "levels" | "patches" | "patchgrid" | "ids" | "spacetime" (layouts.py) | "packed" (layouts_packed.py)
+    # "levels" | "patches" | "patchgrid" | "ids" | "spacetime" (layouts.py) | "packed" (layouts_packed.py) | "unified"
+    # (layouts_unified.py)
+    layout: str
     suffix: bool = False  # also match classes whose names end with one of `classes`
     video: bool = False  # "levels": a 5-D latent whose frames ride in the spatial blocks' batch
     frame_axis: Optional[int] = None  # "spacetime": the latent's frame axis
@@ -165,6 +167,13 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
              refused="a transformer whose sequence puts condition images before the target, under an image-slot mask "
                      "and a key/value cache of them, a layout ToMe does not merge yet (QwenImageTransformer2DModel "
                      "merges)"),
+    # Unified sequences (layouts_unified.py): the main layers run on one sequence joining each sample's image and
+    # text with padding and a key-padding mask. Z-Image: per-sample latents (a list) whose image comes first;
+    # Lumina 2: each sample's image after its own text. Image tokens merge; text and padding pass whole.
+    RootKind("Z-Image", ("ZImageTransformer2DModel",), "unified", module="diffusers.",
+             supported="the Z-Image transformer (torch; not its omni mode)"),
+    RootKind("Lumina 2", ("Lumina2Transformer2DModel",), "unified", module="diffusers.",
+             supported="the Lumina 2 transformer (torch)"),
     # PRX: a latent [B, C, H, W] patchified row by row (img2seq) whose blocks take per-token rotary rows: the patch
     # grid matched on coordinates, as ComfyUI's Flux.
     RootKind("PRX", ("PRXTransformer2DModel",), "patchgrid", supported="the PRX transformer (torch)"),

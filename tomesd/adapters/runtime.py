@@ -24,9 +24,9 @@ from .kinds import BlockKind, Span, block_kind, in_temporal_container
 from .layouts import layout_of
 from .layouts_packed import Packed  # noqa: F401  (registers the "packed" layout with layout_of)
 from .layouts_image_first import PatchAxes  # noqa: F401  (registers "hunyuan_video" and "patch_axes")
+from .layouts_unified import Unified  # noqa: F401  (registers the "unified" layout with layout_of)
 from .matcher import Matcher
 from .observe import CallWatch
-from .references import with_head, with_tail
 from .restore import SiteRestore
 from .roots import root_kind
 from .signatures import LATENT, TIMESTEP, InputSpec
@@ -175,7 +175,7 @@ class ToMePatch:
         latent = self.latent_spec.get(args, kwargs)
         if latent is None:
             raise TypeError(f"ToMe found no '{self.latent_spec.name}' input in this call of {type(module).__name__}")
-        self.layout.read(call, module, args, kwargs, self.xp.shape(latent), self.latent_spec.name)
+        self.layout.read(call, module, args, kwargs, self.layout.latent_shape(latent), self.latent_spec.name)
         call.band = self._band(module)
         if self.timestep_spec is not None:
             call.timestep = self.timestep_spec.get(args, kwargs)
@@ -256,8 +256,8 @@ class ToMePatch:
         """Block `index`'s merge, from its input `x`; `grad`: gradients were on when the block was entered."""
         watch = call.watch
         started = None if watch is None else watch.start()
-        matching = self.matcher.block_merge(index, block, self.layout.image_tokens(call, x), call, grad)
-        merge = with_head(with_tail(matching, call.tail), call.head)
+        matching = self.matcher.block_merge(index, block, self.layout.image_tokens(call, x, index), call, grad)
+        merge = self.layout.placed(call, x, index, matching)
         if call.restore is not None and merge is not None:
             call.restoring[index] = (matching, merge)
             if call.restore.keep:

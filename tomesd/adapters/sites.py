@@ -58,10 +58,12 @@ class MergeSite(SiteHook):
     """A sub-layer whose input holds the image tokens: they merge before it, its image output unmerges."""
 
     def __init__(self, patch: Any, index: int, layer: Sublayer, spec: InputSpec, rotary: Optional[InputSpec],
-                 mask: Optional[InputSpec]) -> None:
+                 mask: Optional[InputSpec], mask_follows: bool = False) -> None:
         super().__init__(patch, index)
-        # mask: where a self-attention's attention_mask arrives (by name or by position); None elsewhere.
-        self.layer, self.spec, self.rotary, self.mask = layer, spec, rotary, mask
+        # mask: where a self-attention's attention_mask arrives (by name or by position); None elsewhere. It is
+        # refused, or with mask_follows (a unified sequence's key-padding mask) gathered for the merged tokens.
+        self.layer, self.spec, self.rotary, self.mask, self.mask_follows = layer, spec, rotary, mask, mask_follows
+        self.also = [InputSpec(name, None) for name in layer.also]
         self.weighs = key_weights.weighs(patch, layer.flag)  # proportional attention over its merged keys
 
     def pre(self, module: Any, args: tuple, kwargs: dict) -> Any:
@@ -75,12 +77,23 @@ class MergeSite(SiteHook):
             if rows is not None:
                 rows = self._follow(merge, rows)
                 args, kwargs = self.rotary.replace(args, kwargs, rows)
-        if self.mask is not None and self.mask.get(args, kwargs) is not None:
+        mask = None if self.mask is None else self.mask.get(args, kwargs)
+        if mask is not None and not self.mask_follows:
             raise ValueError(MASKED_SELF_ATTENTION)
+        if mask is not None:  # [B, S] or [B, 1, 1, S]: each merged row's entry is its representative's
+            args, kwargs = self.mask.replace(args, kwargs, merge.gather_rows(mask, len(self.patch.xp.shape(mask)) - 1))
         merged = self._along_tokens("merge", merge.merge_head if self.layer.image_first else merge.merge_tail, tokens)
         self._record(self.layer.flag, tokens, merged)
         if self.weighs:
             key_weights.arm(self.patch, merge, self.layer.image_keys_first)
+        for spec in self.also:  # the same tokens given again (Lumina 2's context): the same merged tensor
+            given = spec.get(args, kwargs)
+            if given is not None and given is not tokens:
+                raise ValueError(f"{type(module).__name__} was given other tokens as {spec.name} than as its own: ToMe "
+                                 f"merges them only as the same tensor (self-attention); call apply_patch with "
+                                 f"merge_attn=False")
+            if given is not None:
+                args, kwargs = spec.replace(args, kwargs, merged)
         return self.spec.replace(args, kwargs, merged)
 
     def _follow(self, merge: Any, rows: Any) -> Any:

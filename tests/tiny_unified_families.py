@@ -1,0 +1,63 @@
+"""Tiny denoisers whose main layers run on one unified sequence of image and text tokens with padding (layout
+"unified", tomesd/adapters/layouts_unified.py): Z-Image and Lumina 2, with keyword inputs for one forward as their
+pipelines build them. Configs from diffusers' own tests (tests/models/transformers/test_models_transformer_z_image.py,
+..._lumina2.py): one refiner layer of each kind, one or two main layers."""
+import torch
+
+from tiny_torch import randomize_
+
+# ---- Z-Image: a list of per-sample latents [C, 1, H, W] and of captions [L_i, D]; image first in the sequence ----
+ZIMAGE = dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=16, n_layers=1, n_refiner_layers=1,
+              n_heads=1, n_kv_heads=2, qk_norm=True, cap_feat_dim=16, rope_theta=256.0, t_scale=1000.0,
+              axes_dims=[8, 4, 4], axes_lens=[256, 32, 32])
+
+
+def z_image(seed=0):
+    from diffusers import ZImageTransformer2DModel
+
+    return randomize_(ZImageTransformer2DModel(**ZIMAGE), seed)
+
+
+def z_image_inputs(model=None, batch=2, h=16, w=16, seed=1, texts=(16, 40), as_list=False):
+    """As ZImagePipeline calls it: a latent and a caption per sample, each caption of its own valid length (with
+    guidance, the prompt's and the negative prompt's in one batch), so the unified sequence is padded under a mask.
+    Tuples by default (the family contract moves tuples to the meta device); `as_list`: the pipeline's lists."""
+    gen = torch.Generator().manual_seed(seed)
+    latents = [torch.randn(16, 1, h, w, generator=gen) for _ in range(batch)]
+    captions = [torch.randn(texts[i % len(texts)], 16, generator=gen) for i in range(batch)]
+    pack = list if as_list else tuple
+    return dict(x=pack(latents), cap_feats=pack(captions), t=torch.full((batch,), 0.5))
+
+
+def z_image_run(model, inputs: dict) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.stack(model(**inputs, return_dict=False)[0])
+
+
+# ---- Lumina 2: a latent [B, C, H, W], the text [B, L, D] and its mask [B, L]; each sample's image after its text ----
+LUMINA2 = dict(sample_size=16, patch_size=2, in_channels=4, hidden_size=24, num_layers=2, num_refiner_layers=1,
+               num_attention_heads=3, num_kv_heads=1, multiple_of=2, ffn_dim_multiplier=None, norm_eps=1e-5,
+               scaling_factor=1.0, axes_dim_rope=(4, 2, 2), axes_lens=(128, 128, 128), cap_feat_dim=32)
+
+
+def lumina2(seed=0):
+    from diffusers import Lumina2Transformer2DModel
+
+    return randomize_(Lumina2Transformer2DModel(**LUMINA2), seed)
+
+
+def lumina2_inputs(model=None, batch=2, h=16, w=16, seed=1, text=16, valid=(16, 10)):
+    """As Lumina2Pipeline calls it: prompts padded to `text` tokens, sample i's first valid[i] of them real (prompts
+    of different lengths in one batch: its joint layers get a padding mask)."""
+    gen = torch.Generator().manual_seed(seed)
+    mask = torch.zeros(batch, text, dtype=torch.bool)
+    for i in range(batch):
+        mask[i, :valid[i % len(valid)]] = True
+    return dict(hidden_states=torch.randn(batch, 4, h, w, generator=gen),
+                encoder_hidden_states=torch.randn(batch, text, 32, generator=gen),
+                timestep=torch.full((batch,), 0.3), encoder_attention_mask=mask)
+
+
+def run(model, inputs: dict) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**inputs).sample
