@@ -193,6 +193,12 @@ FAMILIES = {
                       (dict(h=16, w=16), dict(h=12, w=20)), merged_blocks=(0, 2, 3), root="Lumina 2",
                       host_class="Lumina2Transformer2DModel",
                       host_reads="its rotary embedder reads each prompt's length by .tolist() of the mask's sum"),
+    # OmniGen: [conditions, time token, image] under a mask per (query, key) pair; prompts left-padded by length.
+    "omnigen": Family("omnigen", U.omnigen, U.omnigen_inputs, U.run,
+                      ("hidden_states", "timestep", "input_ids", "attention_mask", "position_ids"), True,
+                      (dict(h=16, w=16), dict(h=12, w=20)), merged_blocks=(0, 1), root="OmniGen",
+                      host_class="OmniGenTransformer2DModel",
+                      host_reads="its rotary embedding compares torch.max(position_ids) with an int on the host"),
     "chroma": Family("chroma", X.chroma, X.chroma_inputs, X.run, ("hidden_states", "encoder_hidden_states", "timestep"),
                      True, (dict(h=8, w=8), dict(h=6, w=10)), merged_blocks=(0, 1, 2, 3), root="Chroma",
                      host_class="ChromaTransformer2DModel"),

@@ -61,3 +61,37 @@ def lumina2_inputs(model=None, batch=2, h=16, w=16, seed=1, text=16, valid=(16, 
 def run(model, inputs: dict) -> torch.Tensor:
     with torch.no_grad():
         return model(**inputs).sample
+
+
+# ---- OmniGen: [condition tokens (text, an input image's tokens in it), time token, image]; the image last ----
+OMNIGEN = dict(hidden_size=16, num_attention_heads=4, num_key_value_heads=4, intermediate_size=32, num_layers=2,
+               pad_token_id=0, vocab_size=1000, in_channels=4, time_step_dim=4,
+               rope_scaling={"long_factor": list(range(1, 3)), "short_factor": list(range(1, 3))})
+
+
+def omnigen(seed=0):
+    from diffusers import OmniGenTransformer2DModel
+
+    return randomize_(OmniGenTransformer2DModel(**OMNIGEN), seed)
+
+
+def omnigen_inputs(model=None, batch=2, h=16, w=16, seed=1, lengths=(24, 24), edit=False):
+    """As OmniGenPipeline calls it, its collator making the inputs: prompts of `lengths` tokens left-padded to the
+    longest (its guidance halves differ so), the position ids and the mask [B, S, S] (causal over the conditions,
+    bidirectional over the images, padding masked) its collator builds; `edit`: sample 0's prompt holds an input
+    image's 16 tokens (tokens 2 to 18), as an edit's does. Of one length by default: with prompts of different
+    lengths the host rotates every sample by the first sample's positions (its rotary embedding takes [0]), so its
+    own outputs depend on the batch's order."""
+    from diffusers.pipelines.omnigen.processor_omnigen import OmniGenCollator
+
+    gen = torch.Generator().manual_seed(seed)
+    collator = OmniGenCollator(pad_token_id=0, hidden_size=16)
+    ids = [torch.randint(1, 10, (lengths[i % len(lengths)],), generator=gen).tolist() for i in range(batch)]
+    padded, text_mask, sizes = collator.pad_input_ids(ids, {0: [[2, 18]]} if edit else {})
+    tokens = [(h // 2) * (w // 2)] * batch
+    positions = collator.create_position(text_mask, tokens)
+    mask, _ = collator.create_mask(text_mask, tokens)
+    mask = collator.adjust_attention_for_input_images(mask, sizes)
+    return dict(hidden_states=torch.randn(batch, 4, h, w, generator=gen), timestep=torch.full((batch,), 0.4),
+                input_ids=padded, input_img_latents=[torch.randn(1, 4, 8, 8, generator=gen)] if edit else [],
+                input_image_sizes=sizes, attention_mask=mask, position_ids=positions)

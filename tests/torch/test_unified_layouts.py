@@ -10,7 +10,7 @@ import tomesd
 import tiny_unified_families as U
 from families import FAMILIES, missing_host
 
-pytestmark = pytest.mark.skipif(bool(missing_host(FAMILIES["lumina2"])), reason=missing_host(FAMILIES["lumina2"]))
+pytestmark = pytest.mark.skipif(bool(missing_host(FAMILIES["z-image"])), reason=missing_host(FAMILIES["z-image"]))
 
 TOL = 1e-5
 
@@ -18,7 +18,12 @@ TOL = 1e-5
 def _recording(processor, seen):
     """The attention's own processor, recording what it is given (after ToMe's hooks merged it)."""
     base = type(processor)
-    if base.__name__ == "Lumina2AttnProcessor2_0":
+    if base.__name__ == "OmniGenAttnProcessor2_0":
+        class Recording(base):
+            def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask=None, image_rotary_emb=None):
+                seen.append((hidden_states, attention_mask, image_rotary_emb))
+                return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+    elif base.__name__ == "Lumina2AttnProcessor2_0":
         class Recording(base):
             def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask=None, image_rotary_emb=None,
                          base_sequence_length=None):
@@ -33,16 +38,17 @@ def _recording(processor, seen):
     return Recording()
 
 
-def _first_joint_attention(model, inputs, run, **patch):
-    """What the first main layer's attention is given, unpatched and patched (ToMe in that layer only, so the
-    image tokens reaching it are the same in both calls), and the patched call's output and the plain one."""
-    attn = getattr(model.layers[0], "attn", None) or model.layers[0].attention
+def _first_joint_attention(model, inputs, run, block=2, **patch):
+    """What the first main layer's attention is given, unpatched and patched (ToMe in that layer only, `block`, so
+    the image tokens reaching it are the same in both calls), and the patched call's output and the plain one."""
+    layer = model.layers[0]
+    attn = next(getattr(layer, name) for name in ("attn", "attention", "self_attn") if hasattr(layer, name))
     seen = []
     original = attn.processor
     attn.set_processor(_recording(original, seen))
     try:
         base = run(model, inputs)
-        tomesd.apply_patch(model, blocks=[2], **patch)
+        tomesd.apply_patch(model, blocks=[block], **patch)
         try:
             out = run(model, inputs)
         finally:
@@ -146,3 +152,25 @@ def test_the_text_refiner_never_merges(name):
     blocks = seen.calls[0].blocks
     assert 1 not in seen.calls[0].merged_blocks("attn") and not blocks[1].computed  # context_refiner.0
     assert set(seen.calls[0].merged_blocks("mlp")) == set(family.merged_blocks)
+
+
+@pytest.mark.parametrize("edit", [False, True])
+def test_omnigen_merges_the_image_last_and_fits_its_mask_over_query_and_key_pairs(edit):
+    """Prompts of different lengths (left-padded), with or without an input image's tokens among the conditions:
+    the conditions and the time token pass whole, the mask [B, 1, S, S] keeps its condition rows and columns and
+    gives each merged image row and column its representative's (every image row of it is alike, and every column)."""
+    model = U.omnigen().eval()
+    inputs = U.omnigen_inputs(model, lengths=(24, 15), edit=edit)
+    (h, mask, rows), (mh, mmask, mrows), base, out = _first_joint_attention(model, inputs, U.run, block=0, ratio=0.5)
+    n, m = 64, 32
+    s = h.shape[1]
+    front = s - n  # the conditions and the time token
+    assert mh.shape[1] == front + m and mmask.shape[-2:] == (front + m, front + m)
+    assert torch.equal(mh[:, :front], h[:, :front])
+    assert (mask[:, :, front:] == mask[:, :, front:front + 1]).all()  # the precondition: image rows alike
+    assert (mask[..., front:] == mask[..., front:front + 1]).all()  # and image columns alike
+    assert torch.equal(mmask, mask[:, :, :front + m, :front + m])
+    assert (mask[1, 0, front:, :9] < -1e30).all()  # sample 1's padded prompt is masked for the image's queries
+    for table, merged in zip(rows, mrows):  # (cos, sin) [S, D]: one matching for the batch
+        assert torch.equal(merged[:front], table[:front]) and _is_row_of(merged[front:], table[front:])
+    assert (out - base).abs().max().item() > 1000 * TOL

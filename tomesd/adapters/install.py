@@ -7,6 +7,7 @@ import functools
 from typing import Any, Tuple
 
 from . import guards
+from .kind_types import MASK_AXES, MASK_AXES_OR_REFUSED
 from .kinds import BlockKind, Span, sublayer
 from .signatures import CONTEXT, MASK, TOKENS, InputSpec
 from .downsample_sites import CheckWeighed, DownsampleContext, DownsampleDispatch, DownsampleProjection
@@ -102,8 +103,9 @@ def install_merge(patch: Any, index: int, block: Any, kind: BlockKind) -> None:
         if layer.rotary is not None:  # by keyword, or where the signature puts it (Wan passes it by position)
             rotary = InputSpec.find(sub, (layer.rotary,), first_positional=False) or InputSpec(layer.rotary, None)
         hook = MergeSite(patch, index, layer, InputSpec.find(sub, layer.tokens, first_positional=True), rotary,
-                         mask=_mask_spec(sub) if layer.name == kind.self_attention and kind.mask != "text" else None,
-                         mask_follows=kind.mask == "tokens")
+                         mask=_mask_spec(sub) if layer.name == kind.self_attention and kind.mask in MASK_AXES_OR_REFUSED
+                         else None,
+                         mask_axes=MASK_AXES.get(kind.mask, ()))
         around(patch, sub, hook.pre, hook.post)
     for span in kind.spans:
         start = sublayer(block, span.start)

@@ -66,6 +66,13 @@ class Span:
 ROTATIONS = ("cos_sin",)
 
 
+# The axes of a self-attention's mask that follow the merged tokens, by BlockKind.mask (none: a mask is refused).
+MASK_AXES = {"tokens": (-1,), "pairs": (-2, -1)}
+# The BlockKind.mask values whose merge site sees the mask: refused ("") or followed; "text" and "image_ones_first"
+# masks fit the merged tokens as they come or are sliced by their own site (key_masks.MaskSlice).
+MASK_AXES_OR_REFUSED = ("",) + tuple(MASK_AXES)
+
+
 @dataclass(frozen=True)
 class Downsample:
     """How one self-attention of a block takes keys and values from the downsampled grid.
@@ -99,9 +106,10 @@ class BlockKind:
     # "text": the text only, the processor padding it with True to the query's length itself (HunyuanVideo 1.5),
     # so merged image tokens leave it as it is; "image_ones_first": a key-padding mask [B, 1, 1, image + text] over
     # the joined [image, text] keys whose image part is all True (HunyuanVideo's, built by the root), so merging N
-    # image tokens into M keeps its last M + text entries (a view; sites.MaskSlice), exactly.
-    # so merged image tokens leave it as it is; "tokens": a key-padding mask [B, S] over every token of a unified
-    # sequence (layouts_unified.py), whose merged rows keep their representative's entry.
+    # image tokens into M keeps its last M + text entries (a view; key_masks.MaskSlice), exactly; "tokens": a
+    # key-padding mask [B, S] over every token of a unified sequence (layouts_unified.py), whose merged rows keep
+    # their representative's entry; "pairs": a mask [B, 1, S, S] over every (query, key) pair whose image rows are
+    # alike and image columns alike (OmniGen's), both axes so.
     mask: str = ""
     # Where the block's class is defined (a module prefix; "": anywhere): ComfyUI's QwenImageTransformerBlock shares
     # diffusers' name and takes other rotary rows.

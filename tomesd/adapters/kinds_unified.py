@@ -1,8 +1,8 @@
-"""Block kinds of transformers whose main layers run on one unified sequence of image and text tokens with
-padding (layout "unified", layouts_unified.py): Z-Image and Lumina 2. Each kind's blocks also serve the model's
-refiners (an image-only noise refiner, a text-only context refiner), which the layout tells apart by where the
-block sits. Their attention masks are key-padding masks over every token ([B, S]), which follow the merged tokens
-(BlockKind.mask = "tokens")."""
+"""Block kinds of transformers whose main layers run on one unified sequence of image and text tokens with padding
+(layout "unified", layouts_unified.py): Z-Image and Lumina 2, whose blocks also serve the model's refiners (an
+image-only noise refiner, a text-only context refiner), told apart by the layout by where the block sits; their
+masks are key-padding masks over every token ([B, S]) that follow the merged tokens (BlockKind.mask = "tokens").
+And OmniGen's, whose image comes last (layout "patchgrid") under a mask over every (query, key) pair ("pairs")."""
 from __future__ import annotations
 
 from typing import Tuple
@@ -40,6 +40,22 @@ UNIFIED_KINDS: Tuple[BlockKind, ...] = (
         no_downsample=_NO_DOWNSAMPLE,
         no_weights=_NO_WEIGHTS,
         mask="tokens",
+        module="diffusers.",
+    ),
+    # OmniGen: [condition tokens, time token, image] (layout "patchgrid": the image last), self-attention given the
+    # normed tokens as hidden_states and encoder_hidden_states, rows (cos, sin) [S, D] with no batch axis (applied
+    # in the processor, which calls torch's attention itself: one matching serves the batch) and an additive mask
+    # [B, 1, S, S]: causal over the conditions, bidirectional over the image. Its pipeline's masks give every image
+    # query the same row and every image key the same column, so merged rows take their representative's.
+    BlockKind(
+        "OmniGenBlock",
+        sublayers=(Sublayer("self_attn", "merge_attn", tokens=("hidden_states",), rotary="image_rotary_emb",
+                            also=("encoder_hidden_states",)),
+                   Sublayer("mlp", "merge_mlp", tokens=("hidden_states",))),
+        downsample=(),
+        no_downsample=_NO_DOWNSAMPLE,
+        no_weights=_NO_WEIGHTS,
+        mask="pairs",
         module="diffusers.",
     ),
 )

@@ -174,6 +174,10 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
              supported="the Z-Image transformer (torch; not its omni mode)"),
     RootKind("Lumina 2", ("Lumina2Transformer2DModel",), "unified", module="diffusers.",
              supported="the Lumina 2 transformer (torch)"),
+    # OmniGen: [condition tokens (text with input images' tokens), time token, image] under a mask [B, 1, S, S]:
+    # the image is the last N tokens of a patchified latent, rows [S, D] with no batch axis (one matching).
+    RootKind("OmniGen", ("OmniGenTransformer2DModel",), "patchgrid", module="diffusers.",
+             supported="the OmniGen transformer (torch; its condition tokens never merge)"),
     # PRX: a latent [B, C, H, W] patchified row by row (img2seq) whose blocks take per-token rotary rows: the patch
     # grid matched on coordinates, as ComfyUI's Flux.
     RootKind("PRX", ("PRXTransformer2DModel",), "patchgrid", supported="the PRX transformer (torch)"),

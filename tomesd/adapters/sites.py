@@ -58,11 +58,11 @@ class MergeSite(SiteHook):
     """A sub-layer whose input holds the image tokens: they merge before it, its image output unmerges."""
 
     def __init__(self, patch: Any, index: int, layer: Sublayer, spec: InputSpec, rotary: Optional[InputSpec],
-                 mask: Optional[InputSpec], mask_follows: bool = False) -> None:
+                 mask: Optional[InputSpec], mask_axes: Tuple[int, ...] = ()) -> None:
         super().__init__(patch, index)
         # mask: where a self-attention's attention_mask arrives (by name or by position); None elsewhere. It is
-        # refused, or with mask_follows (a unified sequence's key-padding mask) gathered for the merged tokens.
-        self.layer, self.spec, self.rotary, self.mask, self.mask_follows = layer, spec, rotary, mask, mask_follows
+        # refused, or gathered for the merged tokens along `mask_axes` (kind_types.MASK_AXES: a unified sequence's).
+        self.layer, self.spec, self.rotary, self.mask, self.mask_axes = layer, spec, rotary, mask, mask_axes
         self.also = [InputSpec(name, None) for name in layer.also]
         self.weighs = key_weights.weighs(patch, layer.flag)  # proportional attention over its merged keys
 
@@ -78,10 +78,12 @@ class MergeSite(SiteHook):
                 rows = self._follow(merge, rows)
                 args, kwargs = self.rotary.replace(args, kwargs, rows)
         mask = None if self.mask is None else self.mask.get(args, kwargs)
-        if mask is not None and not self.mask_follows:
+        if mask is not None and not self.mask_axes:
             raise ValueError(MASKED_SELF_ATTENTION)
-        if mask is not None:  # [B, S] or [B, 1, 1, S]: each merged row's entry is its representative's
-            args, kwargs = self.mask.replace(args, kwargs, merge.gather_rows(mask, len(self.patch.xp.shape(mask)) - 1))
+        if mask is not None:  # each merged row's entries are its representative's
+            for axis in self.mask_axes:
+                mask = merge.gather_rows(mask, len(self.patch.xp.shape(mask)) + axis)
+            args, kwargs = self.mask.replace(args, kwargs, mask)
         merged = self._along_tokens("merge", merge.merge_head if self.layer.image_first else merge.merge_tail, tokens)
         self._record(self.layer.flag, tokens, merged)
         if self.weighs:
