@@ -174,3 +174,20 @@ def test_omnigen_merges_the_image_last_and_fits_its_mask_over_query_and_key_pair
     for table, merged in zip(rows, mrows):  # (cos, sin) [S, D]: one matching for the batch
         assert torch.equal(merged[:front], table[:front]) and _is_row_of(merged[front:], table[front:])
     assert (out - base).abs().max().item() > 1000 * TOL
+
+
+def test_lumina2_trains_under_gradient_checkpointing_as_without():
+    """Each sample's image gathered after its own text (the matching's metric) saves nothing for backward, so a
+    checkpointed block's recompute (which replays the merge) saves what its forward saved."""
+    grads = []
+    for checkpointing in (False, True):
+        model = U.lumina2().train()
+        if checkpointing:
+            model.enable_gradient_checkpointing()
+        tomesd.apply_patch(model, ratio=0.5, merge_mlp=True)
+        try:
+            model(**U.lumina2_inputs(model)).sample.square().mean().backward()
+        finally:
+            tomesd.remove_patch(model)
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-6) and grads[0].abs().max() > 0

@@ -134,7 +134,8 @@ class Unified(SpaceTime):
         xp = self.xp
         rows = xp.reshape(starts, [b, 1]) + xp.reshape(xp.arange(n, x), [1, n])
         rows = rows + xp.reshape(xp.arange(b * s, x, step=s), [b, 1])  # sample k's tokens start at k * s
-        return xp.reshape(xp.take(xp.reshape(x, [b * s, c]), xp.reshape(rows, [b * n]), 0), [b, n, c])
+        with xp.no_grad():  # the matching's metric only: a gather saving nothing for backward, as a slice does
+            return xp.reshape(xp.take(xp.reshape(x, [b * s, c]), xp.reshape(rows, [b * n]), 0), [b, n, c])
 
     def placed(self, call: Any, x: Any, index: int, matching: Any) -> Any:
         if matching is None or not self.sections[index]:
