@@ -95,3 +95,13 @@ def omnigen_inputs(model=None, batch=2, h=16, w=16, seed=1, lengths=(24, 24), ed
     return dict(hidden_states=torch.randn(batch, 4, h, w, generator=gen), timestep=torch.full((batch,), 0.4),
                 input_ids=padded, input_img_latents=[torch.randn(1, 4, 8, 8, generator=gen)] if edit else [],
                 input_image_sizes=sizes, attention_mask=mask, position_ids=positions)
+
+
+def z_image_controlnet(transformer):
+    """Z-Image's ControlNet (no diffusers test config: Z-Image's, one control layer), sharing the transformer's
+    refiners and embedders as ZImageControlNetModel.from_transformer makes it."""
+    from diffusers import ZImageControlNetModel
+
+    controlnet = ZImageControlNetModel(control_layers_places=[0], control_in_dim=16, all_patch_size=(2,),
+                                       all_f_patch_size=(1,), dim=16, n_refiner_layers=1, n_heads=1, n_kv_heads=2)
+    return ZImageControlNetModel.from_transformer(randomize_(controlnet, 3), transformer).eval()

@@ -191,3 +191,30 @@ def test_lumina2_trains_under_gradient_checkpointing_as_without():
             tomesd.remove_patch(model)
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
     assert torch.allclose(grads[0], grads[1], atol=1e-6) and grads[0].abs().max() > 0
+
+
+def test_z_image_controlnet_is_refused_by_name_and_the_transformer_merges_beside_it():
+    """ZImageControlNetModel shares the transformer's refiners and runs its control layers on a unified sequence of
+    its own: refused by name, with the option that works, patching the transformer alone (the ControlNet's calls of
+    the shared refiners, outside the transformer's call, pass unmerged)."""
+    transformer = U.z_image().eval()
+    controlnet = U.z_image_controlnet(transformer)
+    inputs = U.z_image_inputs(transformer, as_list=True)
+    control = [torch.randn(16, 1, 16, 16, generator=torch.Generator().manual_seed(9)) for _ in range(2)]
+
+    def run():
+        with torch.no_grad():
+            samples = controlnet(inputs["x"], inputs["t"], inputs["cap_feats"], control)
+            return torch.stack(transformer(**inputs, controlnet_block_samples=samples, return_dict=False)[0])
+
+    with pytest.raises(TypeError, match=r"ZImageControlNetModel.*apply_patch\(pipe.transformer\)"):
+        tomesd.apply_patch(controlnet, ratio=0.5)
+    base = run()
+    tomesd.apply_patch(transformer, ratio=0.5)
+    try:
+        with tomesd.observe(transformer) as seen:
+            out = run()
+    finally:
+        tomesd.remove_patch(transformer)
+    assert [call.merged_blocks("attn") for call in seen.calls] == [[0, 2]]
+    assert (out - base).abs().max().item() > 1000 * TOL and torch.equal(run(), base)

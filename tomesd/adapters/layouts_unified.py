@@ -91,8 +91,8 @@ class Unified(SpaceTime):
 
     def read(self, call: Any, module: Any, args: tuple, kwargs: dict, shape: Tuple[int, ...], name: str) -> None:
         if self.family.latent == "list":  # [B, C, F, H, W]: B latents [C, F, H, W]
-            p, pf = [spec.get(args, kwargs) if spec is not None and spec.get(args, kwargs) is not None else default
-                     for spec, default in self.sizes]
+            given = [None if spec is None else spec.get(args, kwargs) for spec, _ in self.sizes]
+            p, pf = [default if value is None else value for value, (_, default) in zip(given, self.sizes)]
             dims, cells = 5, lambda: (shape[2] // pf, shape[3] // p, shape[4] // p)
         else:
             p, pf, dims, cells = self.patch, 1, 4, lambda: (1, shape[2] // p, shape[3] // p)

@@ -172,6 +172,12 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
     # Lumina 2: each sample's image after its own text. Image tokens merge; text and padding pass whole.
     RootKind("Z-Image", ("ZImageTransformer2DModel",), "unified", module="diffusers.",
              supported="the Z-Image transformer (torch; not its omni mode)"),
+    # Z-Image's ControlNet shares the transformer's refiners (from_transformer) and runs its control layers on a
+    # unified sequence of its own; the transformer takes its residuals whole between its main layers.
+    RootKind("Z-Image ControlNet", ("ZImageControlNetModel",), "unified", module="diffusers.",
+             refused="a ControlNet whose control layers (ZImageControlTransformerBlock) run on a unified sequence of "
+                     "their own, which ToMe does not merge yet; apply_patch(pipe.transformer) merges the transformer "
+                     "alone, whose main layers take the ControlNet's residuals whole"),
     RootKind("Lumina 2", ("Lumina2Transformer2DModel",), "unified", module="diffusers.",
              supported="the Lumina 2 transformer (torch)"),
     # OmniGen: [condition tokens (text with input images' tokens), time token, image] under a mask [B, 1, S, S]:
