@@ -218,3 +218,19 @@ def test_z_image_controlnet_is_refused_by_name_and_the_transformer_merges_beside
         tomesd.remove_patch(transformer)
     assert [call.merged_blocks("attn") for call in seen.calls] == [[0, 2]]
     assert (out - base).abs().max().item() > 1000 * TOL and torch.equal(run(), base)
+
+
+def test_an_attention_given_other_context_tokens_than_its_own_is_refused():
+    """Lumina 2's attention merges its context input as the same tokens; given another tensor there (a wrapper's
+    copy), it refuses rather than attend merged queries over unmerged keys."""
+    model = U.lumina2().eval()
+    handle = model.layers[0].attn.register_forward_pre_hook(
+        lambda module, args, kwargs: (args, {**kwargs, "encoder_hidden_states": kwargs["encoder_hidden_states"] * 1}),
+        with_kwargs=True)
+    tomesd.apply_patch(model, ratio=0.5)
+    try:
+        with pytest.raises(ValueError, match="encoder_hidden_states than as its own"):
+            U.run(model, U.lumina2_inputs(model))
+    finally:
+        tomesd.remove_patch(model)
+        handle.remove()
