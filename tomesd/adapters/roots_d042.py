@@ -1,0 +1,59 @@
+"""Root kinds of diffusers 0.42's later image and video denoisers, as data (roots.py builds a RootKind of each
+entry, before its catch-all "diffusion transformer" suffix entry, which would read most of these names as a
+patchified SD3-style latent). Kept apart from roots.py so that families added at once stay separate entries.
+
+Refused by name at apply time: layouts the runtime does not merge yet, each with the cause and what works instead.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Tuple
+
+_NOT_YET = "a layout ToMe does not merge yet"
+_RUN = "run it without ToMe"
+
+D042_ROOTS: Tuple[Dict[str, Any], ...] = (
+    # Refused: each a layout the runtime lacks (docs/limits.md).
+    dict(family="JoyImage Edit Plus", classes=("JoyImageEditPlusTransformer3DModel",), layout="levels",
+         refused=f"a transformer over padded patch lists whose mask marks padded patches, {_NOT_YET} "
+                 f"(JoyImageEditTransformer3DModel merges); {_RUN}"),
+    dict(family="Bria FIBO 2", classes=("BriaFibo2Transformer2DModel",), layout="levels",
+         refused=f"a unified sequence [gist, image, context images] with per-token noisy/clean modulation, {_NOT_YET} "
+                 f"(BriaFiboTransformer2DModel merges); {_RUN}"),
+    dict(family="Wan Animate 2", classes=("WanAnimate2Transformer3DModel",), layout="levels",
+         refused=f"a transformer over per-sample token lists whose self-attention packs each frame's tokens against a "
+                 f"reference key/value cache under a flex block mask, {_NOT_YET} (WanAnimateTransformer3DModel "
+                 f"merges); {_RUN}"),
+    dict(family="Ideogram 4", classes=("Ideogram4Transformer2DModel",), layout="levels",
+         refused=f"a packed sequence whose text and image tokens are told apart by a per-token indicator tensor under "
+                 f"a segment mask, {_NOT_YET}; {_RUN}"),
+    dict(family="Motif-Video", classes=("MotifVideoTransformer3DModel",), layout="levels",
+         refused=f"a HunyuanVideo-style transformer (single blocks over [image, text], a mask over both), {_NOT_YET}; "
+                 f"{_RUN}"),
+    dict(family="NucleusMoE-Image", classes=("NucleusMoEImageTransformer2DModel",), layout="levels",
+         refused=f"a transformer whose mixture-of-experts layers route over every image token of the batch and whose "
+                 f"text keys may come from a cache, {_NOT_YET}; {_RUN}"),
+    dict(family="DreamLite", classes=("DreamLiteTransformer2DModel", "DreamLiteUNetModel"), layout="levels",
+         refused=f"a denoiser whose blocks (BasicTransformerBlockDreamLite) ToMe has no entry for, {_NOT_YET}; {_RUN}"),
+    dict(family="Kandinsky 5", classes=("Kandinsky5Transformer3DModel", "Kandinsky6Transformer3DModel",
+                                        "Kandinsky6SRTransformer3DModel"), layout="levels",
+         refused=f"a transformer whose visual tokens run in a fractal (block-sparse) order, its text in blocks of the "
+                 f"same kind, {_NOT_YET}; {_RUN}"),
+    dict(family="Helios", classes=("HeliosTransformer3DModel",), layout="levels",
+         refused=f"a video transformer whose history tokens precede the target's and whose attention reads the "
+                 f"target's length from an integer argument to scale the history's keys, {_NOT_YET}; {_RUN}"),
+    dict(family="AnyFlow", classes=("AnyFlowTransformer3DModel", "AnyFlowFARTransformer3DModel"), layout="levels",
+         refused=f"a video transformer whose rotary tables come as a dict per query and key (FAR: causal attention "
+                 f"under a key/value cache and a flex block mask), {_NOT_YET}; {_RUN}"),
+    dict(family="ERNIE-Image", classes=("ErnieImageTransformer2DModel",), layout="levels",
+         refused=f"a transformer whose blocks take tokens sequence-first [S, B, C], the image before the text, under a "
+                 f"mask over both, {_NOT_YET}; {_RUN}"),
+    dict(family="Allegro", classes=("AllegroTransformer3DModel",), layout="levels",
+         refused=f"a video transformer whose rotary tables are nested per axis, {_NOT_YET}; {_RUN}"),
+    dict(family="MiniMax H3", classes=("MiniMaxH3Transformer3DModel",), layout="levels",
+         refused=f"a packed multi-modal sequence whose rows are modulated by per-row (timestep, modality) tags, "
+                 f"{_NOT_YET}; {_RUN}"),
+    dict(family="SANA-WM", classes=("SanaWMTransformer3DModel", "SanaWMLTX2RefinerTransformer3DModel"),
+         layout="levels",
+         refused=f"a world-model transformer (gated delta-net attention; its refiner: audio and video streams under a "
+                 f"key/value cache), {_NOT_YET}; {_RUN}"),
+)
