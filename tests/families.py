@@ -6,6 +6,7 @@ from typing import Callable, Tuple
 
 import torch
 
+import tiny_d042_families as D
 import tiny_hunyuan_families as H
 import tiny_image_first_families as F
 import tiny_image_families as I
@@ -253,6 +254,12 @@ FAMILIES = {
                             T.run_cogvideox, ("hidden_states", "timestep", "encoder_hidden_states"), True,
                             (dict(frames=4, h=8, w=8), dict(frames=2, h=6, w=10)), dict(ratio=0.5, merge_mlp=True),
                             merged_blocks=(0, 1), root="CogVideoX"),
+    # diffusers 0.42's later families (tests/tiny_d042_families.py): JoyImage Edit called as its edit pipeline calls it
+    # (a reference image's tokens after the target's, passing whole).
+    "joyimage-edit": Family("joyimage-edit", D.joyimage, D.joyimage_inputs, D.run,
+                            ("hidden_states", "timestep", "encoder_hidden_states"), True,
+                            (dict(frames=1, h=8, w=8), dict(frames=1, h=6, w=10)), merged_blocks=(0,),
+                            root="JoyImage Edit", host_class="JoyImageEditTransformer3DModel"),
     "unet3d": Family("unet3d", lambda: T.video_unet("unet3d"), _video_unet_inputs, T.run_video,
                      ("sample", "encoder_hidden_states"), False, (dict(frames=4, h=16, w=16), dict(frames=2, h=12, w=20)),
                      merged_blocks=(0, 1, 2), root="video UNet"),

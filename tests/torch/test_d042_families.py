@@ -1,8 +1,62 @@
-"""diffusers 0.42's later families that ToMe does not merge yet are refused at apply time by name."""
+"""diffusers 0.42's later families beyond the contract (tests/families.py holds JoyImage Edit to it): JoyImage Edit's
+reference image passes whole and its text-to-image latent merges; the families ToMe does not merge yet are refused at
+apply time by name."""
 import pytest
 import torch
 
 import tomesd
+import tiny_d042_families as D
+
+
+def _needs(name):
+    import diffusers
+
+    if not hasattr(diffusers, name):
+        pytest.skip(f"diffusers {diffusers.__version__} has no {name}")
+
+
+def _attention_inputs(model, inputs):
+    """What block 0's attention projects as its image stream (its q/k/v projection's input, inside ToMe's merge)."""
+    seen = []
+    handle = model.double_blocks[0].attn.img_attn_qkv.register_forward_pre_hook(
+        lambda module, args: seen.append(args[0].clone()))
+    try:
+        D.run(model, inputs)
+    finally:
+        handle.remove()
+    return seen[0]
+
+
+def test_joyimage_edit_merges_the_target_and_passes_the_reference_image_whole():
+    """JoyImageEditPipeline puts the reference image first and the target last; the model moves the target's tokens
+    first: they merge, and the reference's (after them) reach the attention as they are, bit for bit."""
+    _needs("JoyImageEditTransformer3DModel")
+    model = D.joyimage()
+    inputs = D.joyimage_inputs(model, items=2, h=8, w=8)  # 16 tokens per image
+    plain = _attention_inputs(model, inputs)
+    tomesd.apply_patch(model, ratio=0.5)
+    try:
+        merged = _attention_inputs(model, inputs)
+        out = D.run(model, inputs)
+    finally:
+        tomesd.remove_patch(model)
+    assert plain.shape[1] == 32 and merged.shape[1] == 8 + 16
+    assert torch.equal(merged[:, -16:], plain[:, -16:])  # the reference image, whole
+    assert (out - D.run(model, inputs)).abs().max() > 1e-2
+
+
+def test_joyimage_text_to_image_latent_merges():
+    _needs("JoyImageEditTransformer3DModel")
+    model = D.joyimage()
+    inputs = D.joyimage_inputs(model, items=0, h=8, w=8)
+    tomesd.apply_patch(model, ratio=0.5)
+    try:
+        with tomesd.observe(model) as seen:
+            D.run(model, inputs)
+    finally:
+        tomesd.remove_patch(model)
+    assert seen.calls[0].blocks[0].tokens("attn") == [(16, 8)]
+
 
 REFUSED = ["JoyImageEditPlusTransformer3DModel", "BriaFibo2Transformer2DModel", "WanAnimate2Transformer3DModel",
            "Ideogram4Transformer2DModel", "MotifVideoTransformer3DModel", "NucleusMoEImageTransformer2DModel",

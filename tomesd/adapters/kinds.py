@@ -13,6 +13,7 @@ from .kind_types import ROTATIONS, BlockKind, Downsample, Span, Sublayer
 from .kinds_comfy import COMFY_KINDS
 from .kinds_image_first import IMAGE_FIRST_KINDS
 from .kinds_unified import UNIFIED_KINDS
+from .kinds_d042 import D042_KINDS
 from .kinds_video import VIDEO_KINDS
 
 __all__ = ["BLOCK_KINDS", "KNOWN_BLOCKS", "ROTATIONS", "BlockKind", "Downsample", "Span", "Sublayer", "block_kind",
@@ -248,7 +249,7 @@ BLOCK_KINDS: Dict[str, BlockKind] = {
                           "(img_qkv_proj), so no seam takes image keys alone; use mode='merge'",
             mask="text",
         ),
-    ) + VIDEO_KINDS + COMFY_KINDS + IMAGE_FIRST_KINDS + UNIFIED_KINDS
+    ) + VIDEO_KINDS + COMFY_KINDS + IMAGE_FIRST_KINDS + UNIFIED_KINDS + D042_KINDS
 }
 
 

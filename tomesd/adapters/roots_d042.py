@@ -2,7 +2,9 @@
 entry, before its catch-all "diffusion transformer" suffix entry, which would read most of these names as a
 patchified SD3-style latent). Kept apart from roots.py so that families added at once stay separate entries.
 
-Refused by name at apply time: layouts the runtime does not merge yet, each with the cause and what works instead.
+Merging: JoyImage Edit (layouts_d042.py "items": its multi-item latent's target first, the reference images after
+it passing whole). Refused
+by name at apply time: layouts the runtime does not merge yet, each with the cause and what works instead.
 """
 from __future__ import annotations
 
@@ -12,6 +14,11 @@ _NOT_YET = "a layout ToMe does not merge yet"
 _RUN = "run it without ToMe"
 
 D042_ROOTS: Tuple[Dict[str, Any], ...] = (
+    # JoyImage Edit: a Wan-style latent [B, C, F, H, W] (text-to-image) or [B, items, C, F, H, W] (edits: reference
+    # images first, the target last, which the model moves first): double-stream blocks, the image alone in
+    # `hidden_states`. The target's tokens merge; the references' follow them in the sequence and pass whole.
+    dict(family="JoyImage Edit", classes=("JoyImageEditTransformer3DModel",), layout="items", frame_axis=2,
+         supported="the JoyImage Edit transformer (torch; its reference images' tokens pass whole)"),
     # Refused: each a layout the runtime lacks (docs/limits.md).
     dict(family="JoyImage Edit Plus", classes=("JoyImageEditPlusTransformer3DModel",), layout="levels",
          refused=f"a transformer over padded patch lists whose mask marks padded patches, {_NOT_YET} "

@@ -1,0 +1,33 @@
+"""Tiny denoisers of diffusers 0.42's later families (tomesd/adapters/roots_d042.py), from diffusers' own test
+configs (tests/models/transformers/test_models_transformer_<name>.py) with one block, and keyword inputs for one
+forward as their pipelines build them."""
+import torch
+
+from tiny_torch import randomize_
+
+TEXT = 5  # text tokens
+
+
+def run(model, inputs: dict) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**inputs).sample
+
+
+# ---- JoyImage Edit: Wan-style latent; an edit's [B, items, C, F, H, W] holds the references, then the target ----
+JOYIMAGE = dict(patch_size=[1, 2, 2], in_channels=16, hidden_size=32, num_attention_heads=2, text_dim=16, num_layers=1,
+                rope_dim_list=[4, 6, 6], theta=256)
+
+
+def joyimage(seed=0):
+    from diffusers import JoyImageEditTransformer3DModel
+
+    return randomize_(JoyImageEditTransformer3DModel(**JOYIMAGE), seed)
+
+
+def joyimage_inputs(model=None, batch=2, frames=1, h=8, w=8, items=2, seed=1):
+    """As JoyImageEditPipeline calls it: torch.cat([image_latents, noise_latents], dim=1), one reference image before
+    the target (items=2); items=0 gives a text-to-image latent [B, C, F, H, W]."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (batch, items, 16, frames, h, w) if items else (batch, 16, frames, h, w)
+    return dict(hidden_states=torch.randn(shape, generator=gen), timestep=torch.full((batch,), 500.0),
+                encoder_hidden_states=torch.randn(batch, TEXT, 16, generator=gen))

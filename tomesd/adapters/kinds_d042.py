@@ -1,0 +1,23 @@
+"""Block kinds of diffusers 0.42's later denoisers (roots_d042.py): JoyImage Edit's double-stream block."""
+from __future__ import annotations
+
+from typing import Tuple
+
+from .kind_types import BlockKind, Sublayer
+
+D042_KINDS: Tuple[BlockKind, ...] = (
+    # JoyImage Edit: image and text enter the block apart; `attn` projects each, rotates the image's queries and keys
+    # by (cos, sin) [image, D] (item 0 of its rows (image rows, text rows); no batch axis, applied by its own function:
+    # one matching serves the batch), joins [image, text] for the dispatch and returns (image, text); `img_mlp` sees
+    # the image alone. No mask. The text's modules are never hooked.
+    BlockKind(
+        "JoyImageTransformerBlock",
+        sublayers=(Sublayer("attn", "merge_attn", tokens=("hidden_states",), outputs=(0,), rotary="image_rotary_emb",
+                            rotary_item=0, image_keys_first=True),
+                   Sublayer("img_mlp", "merge_mlp", tokens=("hidden_states",))),
+        downsample=(),
+        no_downsample="JoyImage's processor projects the image's keys with fused q/k/v weights (img_attn_qkv) and "
+                      "joins [image, text] before the dispatch, so no seam takes image keys alone; use mode='merge'",
+        module="diffusers.",
+    ),
+)

@@ -1,0 +1,38 @@
+"""A token layout of diffusers 0.42's later denoisers, a variant of one layouts.py has; registered in
+layouts.STRATEGIES by RootKind.layout as this module is imported (runtime.py imports it).
+
+- "items" (JoyImage Edit): Wan's space-time grid over [B, C, F, H, W]; or, for an edit, [B, items, C, F, H, W] whose
+  last item is the target and the others reference images. The model moves the target first and joins the items
+  along the frames, so the target's tokens lead the sequence and the references' follow: they are its tail and pass
+  whole (call.tail, TokenMerge.with_passing_tail), never merged with the target's.
+"""
+from __future__ import annotations
+
+from typing import Any, Tuple
+
+from .layouts import STRATEGIES, SpaceTime, _spacetime_patch
+from .roots import RootKind
+
+
+class Items(SpaceTime):
+    def __init__(self, root: Any, kind: RootKind, xp: Any) -> None:
+        patch = _spacetime_patch(root)
+        super().__init__(root, kind, xp, kind.frame_axis, patch or (1, 1, 1))
+        self.known_patch = patch is not None
+
+    def validate(self, patch: Any) -> None:
+        if not self.known_patch:
+            raise ValueError(f"ToMe reads {self.model}'s token grid from its config's patch_size (frames, rows, "
+                             f"cols), which it cannot read on this model")
+
+    def read(self, call: Any, module: Any, args: tuple, kwargs: dict, shape: Tuple[int, ...], name: str) -> None:
+        if len(shape) != 6:  # one item: Wan's latent [B, C, F, H, W]
+            super().read(call, module, args, kwargs, shape, name)
+            return
+        batch, items, channels, frames, height, width = shape
+        call.grid = self._grid((batch, channels, frames, height, width))  # one item's grid: the target's
+        f, h, w = call.grid
+        call.tail = (items - 1) * f * h * w  # the reference images' tokens, after the target's
+
+
+STRATEGIES["items"] = Items
