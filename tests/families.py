@@ -255,11 +255,14 @@ FAMILIES = {
                             (dict(frames=4, h=8, w=8), dict(frames=2, h=6, w=10)), dict(ratio=0.5, merge_mlp=True),
                             merged_blocks=(0, 1), root="CogVideoX"),
     # diffusers 0.42's later families (tests/tiny_d042_families.py): JoyImage Edit called as its edit pipeline calls it
-    # (a reference image's tokens after the target's, passing whole).
+    # (a reference image's tokens after the target's, passing whole), Krea 2 without a text mask.
     "joyimage-edit": Family("joyimage-edit", D.joyimage, D.joyimage_inputs, D.run,
                             ("hidden_states", "timestep", "encoder_hidden_states"), True,
                             (dict(frames=1, h=8, w=8), dict(frames=1, h=6, w=10)), merged_blocks=(0,),
                             root="JoyImage Edit", host_class="JoyImageEditTransformer3DModel"),
+    "krea2": Family("krea2", D.krea2, D.krea2_inputs, D.run, ("hidden_states", "encoder_hidden_states", "timestep"),
+                    True, (dict(h=8, w=8), dict(h=6, w=10)), merged_blocks=(0,), root="Krea 2",
+                    host_class="Krea2Transformer2DModel"),
     "unet3d": Family("unet3d", lambda: T.video_unet("unet3d"), _video_unet_inputs, T.run_video,
                      ("sample", "encoder_hidden_states"), False, (dict(frames=4, h=16, w=16), dict(frames=2, h=12, w=20)),
                      merged_blocks=(0, 1, 2), root="video UNet"),

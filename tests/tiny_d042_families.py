@@ -31,3 +31,30 @@ def joyimage_inputs(model=None, batch=2, frames=1, h=8, w=8, items=2, seed=1):
     shape = (batch, items, 16, frames, h, w) if items else (batch, 16, frames, h, w)
     return dict(hidden_states=torch.randn(shape, generator=gen), timestep=torch.full((batch,), 500.0),
                 encoder_hidden_states=torch.randn(batch, TEXT, 16, generator=gen))
+
+
+# ---- Krea 2: packed latent [B, N, C]; position_ids [text + N, 3] over the joined [text, image] ----
+KREA2 = dict(in_channels=16, num_layers=1, attention_head_dim=8, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=32, timestep_embed_dim=8, text_hidden_dim=16, num_text_layers=3,
+             text_num_attention_heads=2, text_num_key_value_heads=1, text_intermediate_size=16,
+             num_layerwise_text_blocks=1, num_refiner_text_blocks=1, axes_dims_rope=(4, 2, 2), rope_theta=1000.0)
+
+
+def krea2(seed=0):
+    from diffusers import Krea2Transformer2DModel
+
+    return randomize_(Krea2Transformer2DModel(**KREA2), seed, gain=1.0)
+
+
+def krea2_inputs(model=None, batch=2, h=8, w=8, seed=1, mask=False):
+    """As Krea2Pipeline calls it (prepare_position_ids), without its text mask unless `mask`."""
+    from diffusers import Krea2Pipeline
+
+    gen = torch.Generator().manual_seed(seed)
+    inputs = dict(hidden_states=torch.randn(batch, h * w, 16, generator=gen),
+                  encoder_hidden_states=torch.randn(batch, TEXT, 3, 16, generator=gen),
+                  timestep=torch.full((batch,), 0.5),
+                  position_ids=Krea2Pipeline.prepare_position_ids(TEXT, h, w, "cpu"))
+    if mask:
+        inputs["encoder_attention_mask"] = torch.arange(TEXT)[None, :] < torch.tensor([TEXT, TEXT - 2])[:batch, None]
+    return inputs

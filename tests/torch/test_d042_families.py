@@ -1,6 +1,6 @@
-"""diffusers 0.42's later families beyond the contract (tests/families.py holds JoyImage Edit to it): JoyImage Edit's
-reference image passes whole and its text-to-image latent merges; the families ToMe does not merge yet are refused at
-apply time by name."""
+"""diffusers 0.42's later families beyond the contract (tests/families.py holds JoyImage Edit and Krea 2 to it):
+JoyImage Edit's reference image passes whole and its text-to-image latent merges; Krea 2's text mask is refused by
+name and merge_attn=False runs with it; the families ToMe does not merge yet are refused at apply time by name."""
 import pytest
 import torch
 
@@ -56,6 +56,44 @@ def test_joyimage_text_to_image_latent_merges():
     finally:
         tomesd.remove_patch(model)
     assert seen.calls[0].blocks[0].tokens("attn") == [(16, 8)]
+
+
+def test_krea2_text_mask_is_refused_by_name_and_merge_attn_false_runs_with_it():
+    """Krea2Pipeline passes a text padding mask over [text, image]; the merged self-attention refuses it, naming
+    merge_attn=False, under which the MLP merges and the output is the host's own attention's."""
+    _needs("Krea2Transformer2DModel")
+    model = D.krea2()
+    inputs = D.krea2_inputs(model, mask=True)
+    base = D.run(model, inputs)
+    tomesd.apply_patch(model, ratio=0.5)
+    try:
+        with pytest.raises(ValueError, match="merge_attn=False"):
+            D.run(model, inputs)
+    finally:
+        tomesd.remove_patch(model)
+    tomesd.apply_patch(model, ratio=0.5, merge_attn=False, merge_mlp=True)
+    try:
+        with tomesd.observe(model) as seen:
+            out = D.run(model, inputs)
+    finally:
+        tomesd.remove_patch(model)
+    assert seen.calls[0].blocks[0].tokens("mlp") == [(D.TEXT + 64, D.TEXT + 32)]
+    assert (out - base).abs().max() > 1e-2
+
+
+def test_krea2_downsample_shrinks_the_image_keys_only():
+    _needs("Krea2Transformer2DModel")
+    model = D.krea2()
+    inputs = D.krea2_inputs(model)
+    base = D.run(model, inputs)
+    tomesd.apply_patch(model, mode="downsample", downsample_factor=2)
+    try:
+        with tomesd.observe(model) as seen:
+            out = D.run(model, inputs)
+    finally:
+        tomesd.remove_patch(model)
+    assert seen.calls[0].blocks[0].sites["downsample"] == [(64, 16)]
+    assert (out - base).abs().max() > 1e-2
 
 
 REFUSED = ["JoyImageEditPlusTransformer3DModel", "BriaFibo2Transformer2DModel", "WanAnimate2Transformer3DModel",

@@ -1,9 +1,10 @@
-"""Block kinds of diffusers 0.42's later denoisers (roots_d042.py): JoyImage Edit's double-stream block."""
+"""Block kinds of diffusers 0.42's later denoisers (roots_d042.py): JoyImage Edit's double-stream block and Krea 2's
+single-stream block."""
 from __future__ import annotations
 
 from typing import Tuple
 
-from .kind_types import BlockKind, Sublayer
+from .kind_types import BlockKind, Downsample, Sublayer
 
 D042_KINDS: Tuple[BlockKind, ...] = (
     # JoyImage Edit: image and text enter the block apart; `attn` projects each, rotates the image's queries and keys
@@ -18,6 +19,17 @@ D042_KINDS: Tuple[BlockKind, ...] = (
         downsample=(),
         no_downsample="JoyImage's processor projects the image's keys with fused q/k/v weights (img_attn_qkv) and "
                       "joins [image, text] before the dispatch, so no seam takes image keys alone; use mode='merge'",
+        module="diffusers.",
+    ),
+    # Krea 2: one stream, [text, image] joined by the root. Its gated attention rotates queries and keys by rows
+    # (cos, sin) [text + image, D] with diffusers' apply_rotary_emb on [B, S, heads, D] and calls the dispatch
+    # (per-sample rows there, keys shrinkable there: the image's last); its SwiGLU sees the joined sequence too.
+    BlockKind(
+        "Krea2TransformerBlock",
+        sublayers=(Sublayer("attn", "merge_attn", tokens=("hidden_states",), rotary="image_rotary_emb",
+                            rotates="cos_sin"),
+                   Sublayer("ff", "merge_mlp", tokens=("hidden_states",))),
+        downsample=(Downsample("attn", "dispatch"),),
         module="diffusers.",
     ),
 )

@@ -1,16 +1,18 @@
-"""A token layout of diffusers 0.42's later denoisers, a variant of one layouts.py has; registered in
+"""Two token layouts of diffusers 0.42's later denoisers, each a variant of one layouts.py has; registered in
 layouts.STRATEGIES by RootKind.layout as this module is imported (runtime.py imports it).
 
 - "items" (JoyImage Edit): Wan's space-time grid over [B, C, F, H, W]; or, for an edit, [B, items, C, F, H, W] whose
   last item is the target and the others reference images. The model moves the target first and joins the items
   along the frames, so the target's tokens lead the sequence and the references' follow: they are its tail and pass
   whole (call.tail, TokenMerge.with_passing_tail), never merged with the target's.
+- "joint_ids" (Krea 2): Flux's ids layout where the ids cover the sequence the root joins, [text, image]: rows
+  (t, row, col), the image's last, as many as the packed latent [B, N, C] has tokens.
 """
 from __future__ import annotations
 
 from typing import Any, Tuple
 
-from .layouts import STRATEGIES, SpaceTime, _spacetime_patch
+from .layouts import STRATEGIES, Ids, SpaceTime, _spacetime_patch
 from .roots import RootKind
 
 
@@ -35,4 +37,18 @@ class Items(SpaceTime):
         call.tail = (items - 1) * f * h * w  # the reference images' tokens, after the target's
 
 
+class JointIds(Ids):
+    def read(self, call: Any, module: Any, args: tuple, kwargs: dict, shape: Tuple[int, ...], name: str) -> None:
+        """The image's rows of ids [text + N, 3] over the joined sequence: the last N, checked by shape only."""
+        ids = self.spec.get(args, kwargs)
+        rows = None if ids is None else self.xp.shape(ids)
+        if len(shape) != 3 or rows is None or len(rows) != 2 or rows[0] < shape[1]:
+            raise ValueError(
+                f"ToMe needs {self.model}'s packed latent [B, N, C] and its {self.name} [text + N, 3] (the image's "
+                f"rows last), got {list(shape)} and {None if rows is None else list(rows)}")
+        call.ids = ids
+        call.grid = ids[rows[0] - shape[1]:]
+
+
 STRATEGIES["items"] = Items
+STRATEGIES["joint_ids"] = JointIds

@@ -3,7 +3,7 @@ entry, before its catch-all "diffusion transformer" suffix entry, which would re
 patchified SD3-style latent). Kept apart from roots.py so that families added at once stay separate entries.
 
 Merging: JoyImage Edit (layouts_d042.py "items": its multi-item latent's target first, the reference images after
-it passing whole). Refused
+it passing whole) and Krea 2 (layouts_d042.py "joint_ids": rotary ids over [text, image], the image's last). Refused
 by name at apply time: layouts the runtime does not merge yet, each with the cause and what works instead.
 """
 from __future__ import annotations
@@ -19,6 +19,11 @@ D042_ROOTS: Tuple[Dict[str, Any], ...] = (
     # `hidden_states`. The target's tokens merge; the references' follow them in the sequence and pass whole.
     dict(family="JoyImage Edit", classes=("JoyImageEditTransformer3DModel",), layout="items", frame_axis=2,
          supported="the JoyImage Edit transformer (torch; its reference images' tokens pass whole)"),
+    # Krea 2: the root joins [text, image] before its blocks and gives `position_ids` rows (t, h, w) for both; the
+    # image's rows are the last (rows, cols) of a packed latent [B, N, C]. Its pipeline passes a text padding mask
+    # over [text, image] when prompts are padded: refused by the merged self-attention (merge_attn=False runs).
+    dict(family="Krea 2", classes=("Krea2Transformer2DModel",), layout="joint_ids", ids="position_ids",
+         supported="the Krea 2 transformer (torch; without an encoder_attention_mask)"),
     # Refused: each a layout the runtime lacks (docs/limits.md).
     dict(family="JoyImage Edit Plus", classes=("JoyImageEditPlusTransformer3DModel",), layout="levels",
          refused=f"a transformer over padded patch lists whose mask marks padded patches, {_NOT_YET} "
