@@ -263,6 +263,10 @@ FAMILIES = {
     "krea2": Family("krea2", D.krea2, D.krea2_inputs, D.run, ("hidden_states", "encoder_hidden_states", "timestep"),
                     True, (dict(h=8, w=8), dict(h=6, w=10)), merged_blocks=(0,), root="Krea 2",
                     host_class="Krea2Transformer2DModel"),
+    # Flux.3's text-to-image calls: its image's per-mode block and its single block merge.
+    "flux3": Family("flux3", D.flux3, D.flux3_inputs, D.run, ("hidden_states", "encoder_hidden_states", "timestep"),
+                    True, (dict(h=8, w=8), dict(h=6, w=10)), merged_blocks=(0, 1), root="Flux.3",
+                    host_class="Flux3Transformer2DModel"),
     "unet3d": Family("unet3d", lambda: T.video_unet("unet3d"), _video_unet_inputs, T.run_video,
                      ("sample", "encoder_hidden_states"), False, (dict(frames=4, h=16, w=16), dict(frames=2, h=12, w=20)),
                      merged_blocks=(0, 1, 2), root="video UNet"),

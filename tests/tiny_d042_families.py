@@ -58,3 +58,37 @@ def krea2_inputs(model=None, batch=2, h=8, w=8, seed=1, mask=False):
     if mask:
         inputs["encoder_attention_mask"] = torch.arange(TEXT)[None, :] < torch.tensor([TEXT, TEXT - 2])[:batch, None]
     return inputs
+
+
+# ---- Flux.3: packed latent [B, N, C], img_ids [N, 4] rows (t, row, col, l); per-mode blocks, then single blocks ----
+# No diffusers test file: the smallest config its __init__ takes (head 16 = axes 4 + 4 + 4 + 4).
+FLUX3 = dict(in_channels=8, cond_in_channels=8, num_layers=1, num_single_layers=1, attention_head_dim=16,
+             num_attention_heads=2, joint_attention_dim=16, timestep_channels=16, mlp_ratio=2.0,
+             axes_dims_rope=(4, 4, 4, 4))
+
+
+def flux3(seed=0):
+    from diffusers import Flux3Transformer2DModel
+
+    return randomize_(Flux3Transformer2DModel(**FLUX3), seed)
+
+
+def _ids4(h, w, t=0):
+    """ids [h * w, 4]: rows (t, row, col, 0), row-major, as Flux.2's pipelines make them."""
+    ids = torch.zeros(h, w, 4)
+    ids[..., 0] = t
+    ids[..., 1] = torch.arange(h)[:, None]
+    ids[..., 2] = torch.arange(w)[None, :]
+    return ids.reshape(h * w, 4)
+
+
+def flux3_inputs(model=None, batch=2, h=8, w=8, seed=1, reference=False):
+    """A text-to-image call (reference=True: with a reference image of the same size, its ids at t=1)."""
+    gen = torch.Generator().manual_seed(seed)
+    inputs = dict(hidden_states=torch.randn(batch, h * w, 8, generator=gen),
+                  encoder_hidden_states=torch.randn(batch, TEXT, 16, generator=gen),
+                  timestep=torch.full((batch,), 0.5), img_ids=_ids4(h, w), txt_ids=torch.zeros(TEXT, 4))
+    if reference:
+        inputs.update(image_cond_hidden_states=torch.randn(batch, h * w, 8, generator=gen),
+                      image_cond_ids=_ids4(h, w, 1))
+    return inputs

@@ -96,6 +96,38 @@ def test_krea2_downsample_shrinks_the_image_keys_only():
     assert (out - base).abs().max() > 1e-2
 
 
+def test_flux3_merges_the_image_blocks_and_leaves_its_text_and_reference_mode_blocks_alone():
+    """Flux.3's text and reference image run through blocks of its image's class (txt_mode_blocks,
+    mode_blocks["image_cond"]): they hold no image token and ToMe leaves them alone; the text reaches the single
+    block's attention whole."""
+    _needs("Flux3Transformer2DModel")
+    model = D.flux3()
+    inputs = D.flux3_inputs(model)
+    tomesd.apply_patch(model, ratio=0.5)
+    try:
+        with tomesd.observe(model) as seen:
+            D.run(model, inputs)
+    finally:
+        tomesd.remove_patch(model)
+    blocks = seen.calls[0].blocks
+    assert [blocks[i].kind for i in sorted(blocks)] == ["Flux3ModeTransformerBlock", "Flux3SingleTransformerBlock"]
+    assert blocks[0].tokens("attn") == [(64, 32)] and blocks[1].tokens("attn") == [(D.TEXT + 64, D.TEXT + 32)]
+
+
+def test_flux3_image_to_image_calls_are_refused_by_name_and_run_without_tome():
+    _needs("Flux3Transformer2DModel")
+    model = D.flux3()
+    inputs = D.flux3_inputs(model, reference=True)
+    base = D.run(model, inputs)
+    tomesd.apply_patch(model, ratio=0.5)
+    try:
+        with pytest.raises(ValueError, match="image-to-image calls yet.*image_cond_hidden_states.*remove_patch"):
+            D.run(model, inputs)
+    finally:
+        tomesd.remove_patch(model)
+    assert torch.equal(D.run(model, inputs), base)
+
+
 REFUSED = ["JoyImageEditPlusTransformer3DModel", "BriaFibo2Transformer2DModel", "WanAnimate2Transformer3DModel",
            "Ideogram4Transformer2DModel", "MotifVideoTransformer3DModel", "NucleusMoEImageTransformer2DModel",
            "DreamLiteTransformer2DModel", "DreamLiteUNetModel", "Kandinsky5Transformer3DModel",

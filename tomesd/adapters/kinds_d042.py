@@ -1,10 +1,25 @@
-"""Block kinds of diffusers 0.42's later denoisers (roots_d042.py): JoyImage Edit's double-stream block and Krea 2's
-single-stream block."""
+"""Block kinds of diffusers 0.42's later denoisers (roots_d042.py): JoyImage Edit's double-stream block, Krea 2's
+single-stream block, Flux.3's per-mode and single blocks."""
 from __future__ import annotations
 
 from typing import Tuple
 
 from .kind_types import BlockKind, Downsample, Sublayer
+
+
+def _parallel(name: str) -> BlockKind:
+    """A "parallel" block whose attention and feed-forward both take one modulated sequence ending with the image
+    (Flux.3's): the attention rotates queries and keys by (cos, sin) rows over that sequence with diffusers'
+    apply_rotary_emb on [B, S, heads, D] and calls the dispatch (per-sample rows there; keys shrinkable there)."""
+    return BlockKind(
+        name,
+        sublayers=(Sublayer("attn", "merge_attn", tokens=("hidden_states",), rotary="image_rotary_emb",
+                            rotates="cos_sin"),
+                   Sublayer("ff", "merge_mlp")),
+        downsample=(Downsample("attn", "dispatch"),),
+        module="diffusers.",
+    )
+
 
 D042_KINDS: Tuple[BlockKind, ...] = (
     # JoyImage Edit: image and text enter the block apart; `attn` projects each, rotates the image's queries and keys
@@ -32,4 +47,8 @@ D042_KINDS: Tuple[BlockKind, ...] = (
         downsample=(Downsample("attn", "dispatch"),),
         module="diffusers.",
     ),
+    # Flux.3: per-mode blocks (the image's see its tokens alone; the text's and the reference image's are this class
+    # too, left alone by the root kind's skip_blocks), then single blocks over [text, image] joined inside the block;
+    # both give `attn` and `ff` one modulated sequence.
+    _parallel("Flux3ModeTransformerBlock"), _parallel("Flux3SingleTransformerBlock"),
 )

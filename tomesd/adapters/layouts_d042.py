@@ -14,6 +14,7 @@ from typing import Any, Tuple
 
 from .layouts import STRATEGIES, Ids, SpaceTime, _spacetime_patch
 from .roots import RootKind
+from .signatures import InputSpec
 
 
 class Items(SpaceTime):
@@ -50,5 +51,22 @@ class JointIds(Ids):
         call.grid = ids[rows[0] - shape[1]:]
 
 
+class CondIds(Ids):
+    """Flux.3: Flux's ids; its image-to-image calls (`image_cond_hidden_states`) are refused at the call."""
+
+    def __init__(self, root: Any, kind: RootKind, xp: Any) -> None:
+        super().__init__(root, kind, xp)
+        self.cond = InputSpec.find(root, ("image_cond_hidden_states",), False)
+
+    def read(self, call: Any, module: Any, args: tuple, kwargs: dict, shape: Tuple[int, ...], name: str) -> None:
+        if self.cond is not None and self.cond.get(args, kwargs) is not None:
+            raise ValueError(
+                f"ToMe does not merge {self.model}'s image-to-image calls yet: the reference image's tokens "
+                f"(image_cond_hidden_states) follow the target's in its single blocks but not in its per-mode blocks. "
+                f"Text-to-image calls merge; run image-to-image ones without ToMe (tomesd.remove_patch)")
+        super().read(call, module, args, kwargs, shape, name)
+
+
 STRATEGIES["items"] = Items
 STRATEGIES["joint_ids"] = JointIds
+STRATEGIES["ids_cond"] = CondIds

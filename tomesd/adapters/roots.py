@@ -35,6 +35,9 @@ class RootKind:
     # Where the root's class is defined (a module prefix; "": anywhere): ComfyUI's own classes may share a name with
     # diffusers' (QwenImageTransformer2DModel) and take another latent.
     module: str = ""
+    # Attribute paths of the root's modules whose blocks see no image tokens though their class is an image block's
+    # (Flux.3's text-mode and reference-mode blocks): ToMe leaves every block inside them alone.
+    skip_blocks: Tuple[str, ...] = ()
     supported: str = ""  # how the supported-model list names it ("": not listed)
     refused: str = ""  # why ToMe cannot patch it ("": it can)
 

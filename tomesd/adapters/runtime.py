@@ -38,8 +38,11 @@ PATCH_ATTR = "_tome_patch"
 
 def transformer_blocks(host: Any, root: Any) -> List[Any]:
     """The blocks of `root` whose kind ToMe knows (kinds.BLOCK_KINDS), in module order, leaving out
-    those inside a temporal container (their tokens are frames)."""
-    temporal = {id(m) for _, c in host.named_modules(root) if in_temporal_container(c) for _, m in host.named_modules(c)}
+    those inside a temporal container (their tokens are frames) or a module its root kind skips
+    (RootKind.skip_blocks)."""
+    skipped = root_kind(root).skip_blocks
+    temporal = {id(m) for name, c in host.named_modules(root) if in_temporal_container(c) or name in skipped
+                for _, m in host.named_modules(c)}
     return [m for _, m in host.named_modules(root) if block_kind(m) is not None and id(m) not in temporal]
 
 
