@@ -263,9 +263,11 @@ FAMILIES = {
     "krea2": Family("krea2", D.krea2, D.krea2_inputs, D.run, ("hidden_states", "encoder_hidden_states", "timestep"),
                     True, (dict(h=8, w=8), dict(h=6, w=10)), merged_blocks=(0,), root="Krea 2",
                     host_class="Krea2Transformer2DModel"),
-    # Flux.3's text-to-image calls: its image's per-mode block and its single block merge.
-    "flux3": Family("flux3", D.flux3, D.flux3_inputs, D.run, ("hidden_states", "encoder_hidden_states", "timestep"),
-                    True, (dict(h=8, w=8), dict(h=6, w=10)), merged_blocks=(0, 1), root="Flux.3",
+    # Flux.3 called with a reference image (image_cond_hidden_states), whose tokens pass whole: its image's per-mode
+    # block and its single block merge.
+    "flux3": Family("flux3", D.flux3,
+                    lambda model, batch=2, seed=1, **grid: D.flux3_inputs(model, batch, seed=seed, reference=True, **grid),
+                    D.run, ("hidden_states", "encoder_hidden_states", "timestep", "image_cond_hidden_states"), True, (dict(h=8, w=8), dict(h=6, w=10)), merged_blocks=(0, 1), root="Flux.3",
                     host_class="Flux3Transformer2DModel"),
     "unet3d": Family("unet3d", lambda: T.video_unet("unet3d"), _video_unet_inputs, T.run_video,
                      ("sample", "encoder_hidden_states"), False, (dict(frames=4, h=16, w=16), dict(frames=2, h=12, w=20)),

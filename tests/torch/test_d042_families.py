@@ -114,18 +114,35 @@ def test_flux3_merges_the_image_blocks_and_leaves_its_text_and_reference_mode_bl
     assert blocks[0].tokens("attn") == [(64, 32)] and blocks[1].tokens("attn") == [(D.TEXT + 64, D.TEXT + 32)]
 
 
-def test_flux3_image_to_image_calls_are_refused_by_name_and_run_without_tome():
+def test_flux3_reference_image_passes_whole_and_downsample_refuses_it_by_name():
+    """An image-to-image call's reference tokens follow the target's in the single blocks only: there they reach the
+    attention as they are, bit for bit, while the target's merge (the per-mode block takes the image alone)."""
     _needs("Flux3Transformer2DModel")
     model = D.flux3()
     inputs = D.flux3_inputs(model, reference=True)
-    base = D.run(model, inputs)
-    tomesd.apply_patch(model, ratio=0.5)
+    seen = []
+    handle = model.single_transformer_blocks[0].attn.to_q.register_forward_pre_hook(
+        lambda module, args: seen.append(args[0].clone()))
     try:
-        with pytest.raises(ValueError, match="image-to-image calls yet.*image_cond_hidden_states.*remove_patch"):
+        D.run(model, inputs)
+        tomesd.apply_patch(model, ratio=0.5)
+        try:
+            with tomesd.observe(model) as observed:
+                D.run(model, inputs)
+        finally:
+            tomesd.remove_patch(model)
+    finally:
+        handle.remove()
+    plain, merged = seen
+    blocks = observed.calls[0].blocks
+    assert blocks[0].tokens("attn") == [(64, 32)] and blocks[1].tokens("attn") == [(D.TEXT + 128, D.TEXT + 96)]
+    assert torch.equal(merged[:, -64:], plain[:, -64:]) and torch.equal(merged[:, :D.TEXT], plain[:, :D.TEXT])
+    tomesd.apply_patch(model, mode="downsample", downsample_factor=2)
+    try:
+        with pytest.raises(ValueError, match="cannot leave a reference image's 64 tokens out.*mode='merge'"):
             D.run(model, inputs)
     finally:
         tomesd.remove_patch(model)
-    assert torch.equal(D.run(model, inputs), base)
 
 
 REFUSED = ["JoyImageEditPlusTransformer3DModel", "BriaFibo2Transformer2DModel", "WanAnimate2Transformer3DModel",

@@ -1,10 +1,11 @@
-"""Two token layouts of diffusers 0.42's later denoisers, each a variant of one layouts.py has; registered in
+"""Token layouts of diffusers 0.42's later denoisers, each a variant of one layouts.py has; registered in
 layouts.STRATEGIES by RootKind.layout as this module is imported (runtime.py imports it).
 
 - "items" (JoyImage Edit): Wan's space-time grid over [B, C, F, H, W]; or, for an edit, [B, items, C, F, H, W] whose
   last item is the target and the others reference images. The model moves the target first and joins the items
   along the frames, so the target's tokens lead the sequence and the references' follow: they are its tail and pass
   whole (call.tail, TokenMerge.with_passing_tail), never merged with the target's.
+- "ids_cond" (Flux.3): Flux's ids, the reference image's tokens after the target's in its single blocks only.
 - "joint_ids" (Krea 2): Flux's ids layout where the ids cover the sequence the root joins, [text, image]: rows
   (t, row, col), the image's last, as many as the packed latent [B, N, C] has tokens.
 """
@@ -14,7 +15,6 @@ from typing import Any, Tuple
 
 from .layouts import STRATEGIES, Ids, SpaceTime, _spacetime_patch
 from .roots import RootKind
-from .signatures import InputSpec
 
 
 class Items(SpaceTime):
@@ -52,19 +52,14 @@ class JointIds(Ids):
 
 
 class CondIds(Ids):
-    """Flux.3: Flux's ids; its image-to-image calls (`image_cond_hidden_states`) are refused at the call."""
+    """Flux.3: Flux's ids. An image-to-image call's reference tokens (image_cond_hidden_states) follow the target's in
+    its single blocks' input, [image, reference], but not in its image's per-mode blocks, which take the image alone:
+    each block's tail is what its input holds beyond the image, passed whole."""
 
-    def __init__(self, root: Any, kind: RootKind, xp: Any) -> None:
-        super().__init__(root, kind, xp)
-        self.cond = InputSpec.find(root, ("image_cond_hidden_states",), False)
-
-    def read(self, call: Any, module: Any, args: tuple, kwargs: dict, shape: Tuple[int, ...], name: str) -> None:
-        if self.cond is not None and self.cond.get(args, kwargs) is not None:
-            raise ValueError(
-                f"ToMe does not merge {self.model}'s image-to-image calls yet: the reference image's tokens "
-                f"(image_cond_hidden_states) follow the target's in its single blocks but not in its per-mode blocks. "
-                f"Text-to-image calls merge; run image-to-image ones without ToMe (tomesd.remove_patch)")
-        super().read(call, module, args, kwargs, shape, name)
+    def image_tokens(self, call: Any, x: Any) -> Any:
+        # Read by the runtime right after this, for this block's merge (runtime._settle: with_tail).
+        call.tail = max(0, self.xp.shape(x)[1] - self.xp.shape(call.grid)[0])
+        return super().image_tokens(call, x)
 
 
 STRATEGIES["items"] = Items

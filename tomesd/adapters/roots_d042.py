@@ -26,10 +26,10 @@ D042_ROOTS: Tuple[Dict[str, Any], ...] = (
          supported="the Krea 2 transformer (torch; without an encoder_attention_mask)"),
     # Flux.3: a packed latent whose img_ids rows are (t, row, col, l), Flux.2's. Its text and its reference image run
     # through per-mode blocks of the image's class first (skipped: they hold no image token), then single blocks join
-    # [text, image, reference]. Calls with a reference image (image_cond_hidden_states) are refused at the call.
+    # [text, image, reference]: the reference's tokens pass whole there (layouts_d042.CondIds).
     dict(family="Flux.3", classes=("Flux3Transformer2DModel",), layout="ids_cond", ids="img_ids",
          skip_blocks=("txt_mode_blocks", "mode_blocks.image_cond"),
-         supported="the Flux.3 transformer (torch; text-to-image calls)"),
+         supported="the Flux.3 transformer (torch; its reference image's tokens pass whole)"),
     # Refused: each a layout the runtime lacks (docs/limits.md).
     dict(family="JoyImage Edit Plus", classes=("JoyImageEditPlusTransformer3DModel",), layout="levels",
          refused=f"a transformer over padded patch lists whose mask marks padded patches, {_NOT_YET} "
