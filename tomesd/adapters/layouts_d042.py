@@ -11,6 +11,7 @@ layouts.STRATEGIES by RootKind.layout as this module is imported (runtime.py imp
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Tuple
 
 from .layouts import STRATEGIES, Ids, SpaceTime, _spacetime_patch
@@ -40,7 +41,9 @@ class Items(SpaceTime):
 
 class JointIds(Ids):
     def read(self, call: Any, module: Any, args: tuple, kwargs: dict, shape: Tuple[int, ...], name: str) -> None:
-        """The image's rows of ids [text + N, 3] over the joined sequence: the last N, checked by shape only."""
+        """ids [text + N, 3] over the joined sequence, the image's rows last, checked by shape only. They are kept
+        whole with N (call.grid = (ids, N)) and sliced at the first block: a slice here, in the root's pre-hook, would
+        be a graph of its own under torch.compile."""
         ids = self.spec.get(args, kwargs)
         rows = None if ids is None else self.xp.shape(ids)
         if len(shape) != 3 or rows is None or len(rows) != 2 or rows[0] < shape[1]:
@@ -48,7 +51,28 @@ class JointIds(Ids):
                 f"ToMe needs {self.model}'s packed latent [B, N, C] and its {self.name} [text + N, 3] (the image's "
                 f"rows last), got {list(shape)} and {None if rows is None else list(rows)}")
         call.ids = ids
-        call.grid = ids[rows[0] - shape[1]:]
+        call.grid = (ids, shape[1])
+
+    def _coords(self, call: Any, x: Any) -> Tuple[Any, ...]:
+        ids = call.grid
+        if isinstance(ids, tuple):  # (whole ids, N): the image's rows are the last N
+            ids = ids[0][self.xp.shape(ids[0])[0] - ids[1]:]
+        return self.xp.to_int64(ids[:, 1]), self.xp.to_int64(ids[:, 2])
+
+    def downsample_grid(self, call: Any, plan: Any, host: Any) -> Tuple[int, int, int]:
+        """Ids.downsample_grid on the image's rows, read on the host once per ids tensor (the whole one)."""
+        whole, n = call.grid
+        known = self._grids.get(id(whole))
+        if known is not None and known[0]() is whole:
+            return known[1]
+        call.grid = whole[self.xp.shape(whole)[0] - n:]
+        try:
+            grid = super().downsample_grid(call, plan, host)
+        finally:
+            call.grid = (whole, n)
+        self._grids = {key: value for key, value in self._grids.items() if value[0]() is not None}
+        self._grids[id(whole)] = (weakref.ref(whole), grid)
+        return grid
 
 
 class CondIds(Ids):
