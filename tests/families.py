@@ -31,6 +31,9 @@ class Family:
     host_class: str = ""  # the diffusers class it needs, where older diffusers (env b's 0.32) lacks it
     merged_blocks: Tuple[int, ...] = ()  # the blocks whose self-attention merges under `patch`, on the first grid
     host_reads: str = ""  # why the host's own forward cannot run on the meta device ("": it can)
+    # A timestep per frame (AnyFlow's pipeline passes one): reuse_steps on the bare model is refused by name, and
+    # the pipeline's clock (the option the refusal names) reuses.
+    timestep_per_frame: bool = False
 
 
 def _unet_inputs(model, batch=2, seed=1, h=16, w=16):
@@ -269,6 +272,10 @@ FAMILIES = {
                     lambda model, batch=2, seed=1, **grid: D.flux3_inputs(model, batch, seed=seed, reference=True, **grid),
                     D.run, ("hidden_states", "encoder_hidden_states", "timestep", "image_cond_hidden_states"), True, (dict(h=8, w=8), dict(h=6, w=10)), merged_blocks=(0, 1), root="Flux.3",
                     host_class="Flux3Transformer2DModel"),
+    "anyflow": Family("anyflow", D.anyflow, D.anyflow_inputs, D.run,
+                      ("hidden_states", "timestep", "r_timestep", "encoder_hidden_states"), True,
+                      (dict(frames=3, h=8, w=8), dict(frames=2, h=6, w=10)), dict(ratio=0.5, st=2), merged_blocks=(0,),
+                      root="AnyFlow", host_class="AnyFlowTransformer3DModel", timestep_per_frame=True),
     "unet3d": Family("unet3d", lambda: T.video_unet("unet3d"), _video_unet_inputs, T.run_video,
                      ("sample", "encoder_hidden_states"), False, (dict(frames=4, h=16, w=16), dict(frames=2, h=12, w=20)),
                      merged_blocks=(0, 1, 2), root="video UNet"),

@@ -92,3 +92,23 @@ def flux3_inputs(model=None, batch=2, h=8, w=8, seed=1, reference=False):
         inputs.update(image_cond_hidden_states=torch.randn(batch, h * w, 8, generator=gen),
                       image_cond_ids=_ids4(h, w, 1))
     return inputs
+
+
+# ---- AnyFlow: latent [B, F, C, H, W], Wan's blocks, a timestep per frame ----
+ANYFLOW = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
+               text_dim=16, freq_dim=256, ffn_dim=32, num_layers=1, cross_attn_norm=True, rope_max_seq_len=32,
+               gate_value=0.25, deltatime_type="r")
+
+
+def anyflow(seed=0):
+    from diffusers import AnyFlowTransformer3DModel
+
+    return randomize_(AnyFlowTransformer3DModel(**ANYFLOW), seed)
+
+
+def anyflow_inputs(model=None, batch=2, frames=3, h=8, w=8, seed=1):
+    """As diffusers' test calls it: source and target timesteps per frame."""
+    gen = torch.Generator().manual_seed(seed)
+    return dict(hidden_states=torch.randn(batch, frames, 4, h, w, generator=gen),
+                timestep=torch.full((batch, frames), 500.0), r_timestep=torch.full((batch, frames), 250.0),
+                encoder_hidden_states=torch.randn(batch, TEXT, 16, generator=gen))

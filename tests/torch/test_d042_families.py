@@ -149,7 +149,7 @@ REFUSED = ["JoyImageEditPlusTransformer3DModel", "BriaFibo2Transformer2DModel", 
            "Ideogram4Transformer2DModel", "MotifVideoTransformer3DModel", "NucleusMoEImageTransformer2DModel",
            "DreamLiteTransformer2DModel", "DreamLiteUNetModel", "Kandinsky5Transformer3DModel",
            "Kandinsky6Transformer3DModel", "Kandinsky6SRTransformer3DModel", "HeliosTransformer3DModel",
-           "AnyFlowTransformer3DModel", "AnyFlowFARTransformer3DModel", "ErnieImageTransformer2DModel",
+           "AnyFlowFARTransformer3DModel", "ErnieImageTransformer2DModel",
            "AllegroTransformer3DModel", "MiniMaxH3Transformer3DModel", "SanaWMTransformer3DModel",
            "SanaWMLTX2RefinerTransformer3DModel"]
 

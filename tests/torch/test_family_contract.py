@@ -161,6 +161,14 @@ def test_reuse_steps_on_a_bare_model_reads_the_timestep_once_a_call_and_nothing_
     no other. Three calls of one step: the first matches, the other two reuse its matchings."""
     family, model = family
     inputs = family.inputs(model)
+    if family.timestep_per_frame:  # no step to tell by value: refused, naming the pipeline's clock (tested below)
+        tomesd.apply_patch(model, **patch_kwargs(family, reuse_steps=2))
+        try:
+            with pytest.raises(ValueError, match="one per frame or token.*Patch the pipeline instead"):
+                family.run(model, inputs)
+        finally:
+            tomesd.remove_patch(model)
+        return
     plain = _calls_reading(family, model, inputs)
     tomesd.apply_patch(model, **patch_kwargs(family, reuse_steps=2))
     try:

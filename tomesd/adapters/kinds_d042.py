@@ -1,5 +1,5 @@
 """Block kinds of diffusers 0.42's later denoisers (roots_d042.py): JoyImage Edit's double-stream block, Krea 2's
-single-stream block, Flux.3's per-mode and single blocks."""
+single-stream block, Flux.3's per-mode and single blocks, AnyFlow's block."""
 from __future__ import annotations
 
 from typing import Tuple
@@ -51,4 +51,16 @@ D042_KINDS: Tuple[BlockKind, ...] = (
     # too, left alone by the root kind's skip_blocks), then single blocks over [text, image] joined inside the block;
     # both give `attn` and `ff` one modulated sequence.
     _parallel("Flux3ModeTransformerBlock"), _parallel("Flux3SingleTransformerBlock"),
+    # AnyFlow (bidirectional): Wan's block, its self-attention's rotary rows a dict {"query": rows, "key": rows} of
+    # complex tables [1, 1, S, D/2] (a batch axis: they follow each sample) applied on [B, heads, S, D] before the
+    # dispatch; cross-attention to the text (and image embedding); the feed-forward. (AnyFlow FAR's block of this
+    # name sits under a root refused in roots_d042.py.)
+    BlockKind(
+        "AnyFlowTransformerBlock",
+        sublayers=(Sublayer("attn1", "merge_attn", tokens=("hidden_states",), rotary="rotary_emb", rotary_axis=2),
+                   Sublayer("attn2", "merge_crossattn", tokens=("hidden_states",)),
+                   Sublayer("ffn", "merge_mlp")),
+        downsample=(Downsample("attn1", "dispatch"),),
+        module="diffusers.",
+    ),
 )

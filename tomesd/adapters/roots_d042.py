@@ -30,6 +30,10 @@ D042_ROOTS: Tuple[Dict[str, Any], ...] = (
     dict(family="Flux.3", classes=("Flux3Transformer2DModel",), layout="ids_cond", ids="img_ids",
          skip_blocks=("txt_mode_blocks", "mode_blocks.image_cond"),
          supported="the Flux.3 transformer (torch; its reference image's tokens pass whole)"),
+    # AnyFlow (bidirectional): Wan's layout on a latent [B, F, C, H, W] (permuted to Wan's inside), Wan's blocks under
+    # its own class (kinds_d042.py); its timestep and modulations may be per frame, outside ToMe's sites.
+    dict(family="AnyFlow", classes=("AnyFlowTransformer3DModel",), layout="spacetime", frame_axis=1,
+         supported="the AnyFlow video transformer (torch)"),
     # Refused: each a layout the runtime lacks (docs/limits.md).
     dict(family="JoyImage Edit Plus", classes=("JoyImageEditPlusTransformer3DModel",), layout="levels",
          refused=f"a transformer over padded patch lists whose mask marks padded patches, {_NOT_YET} "
@@ -59,9 +63,9 @@ D042_ROOTS: Tuple[Dict[str, Any], ...] = (
     dict(family="Helios", classes=("HeliosTransformer3DModel",), layout="levels",
          refused=f"a video transformer whose history tokens precede the target's and whose attention reads the "
                  f"target's length from an integer argument to scale the history's keys, {_NOT_YET}; {_RUN}"),
-    dict(family="AnyFlow", classes=("AnyFlowTransformer3DModel", "AnyFlowFARTransformer3DModel"), layout="levels",
-         refused=f"a video transformer whose rotary tables come as a dict per query and key (FAR: causal attention "
-                 f"under a key/value cache and a flex block mask), {_NOT_YET}; {_RUN}"),
+    dict(family="AnyFlow FAR", classes=("AnyFlowFARTransformer3DModel",), layout="levels",
+         refused=f"a causal video transformer whose attention runs under a key/value cache of earlier frames and a "
+                 f"flex block mask, {_NOT_YET} (AnyFlowTransformer3DModel, its bidirectional model, merges); {_RUN}"),
     dict(family="ERNIE-Image", classes=("ErnieImageTransformer2DModel",), layout="levels",
          refused=f"a transformer whose blocks take tokens sequence-first [S, B, C], the image before the text, under a "
                  f"mask over both, {_NOT_YET}; {_RUN}"),

@@ -114,8 +114,11 @@ class MergeSite(SiteHook):
 
 
 def gather_rotary(merge: Any, rows: Any, axis: int, image_first: bool = False) -> Any:
-    """Rotary rows (one table, or a tuple of them such as (cos, sin)) following the merged tokens (`image_first`: rows
-    over [image, text], the image's first)."""
+    """Rotary rows (one table, a tuple of them such as (cos, sin), or a dict of them such as AnyFlow's
+    {"query": rows, "key": rows}) following the merged tokens (`image_first`: rows over [image, text], the image's
+    first)."""
+    if isinstance(rows, dict):
+        return {name: gather_rotary(merge, table, axis, image_first) for name, table in rows.items()}
     if isinstance(rows, (tuple, list)):
         return tuple(merge.gather_rows(table, axis, image_first) for table in rows)
     return merge.gather_rows(rows, axis, image_first)
