@@ -112,3 +112,33 @@ def anyflow_inputs(model=None, batch=2, frames=3, h=8, w=8, seed=1):
     return dict(hidden_states=torch.randn(batch, frames, 4, h, w, generator=gen),
                 timestep=torch.full((batch, frames), 500.0), r_timestep=torch.full((batch, frames), 250.0),
                 encoder_hidden_states=torch.randn(batch, TEXT, 16, generator=gen))
+
+
+# ---- Helios: Wan's latent [B, C, F, H, W]; history latents (short, mid, long) joined before the target's tokens ----
+HELIOS = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
+              text_dim=16, freq_dim=256, ffn_dim=32, num_layers=1, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+              rope_dim=(4, 4, 4), has_multi_term_memory_patch=True, guidance_cross_attn=True, zero_history_timestep=True,
+              is_amplify_history=False)
+
+
+def helios(seed=0, **config):
+    from diffusers import HeliosTransformer3DModel
+
+    return randomize_(HeliosTransformer3DModel(**{**HELIOS, **config}), seed)
+
+
+def helios_inputs(model=None, batch=2, frames=2, h=8, w=8, seed=1):
+    """As diffusers' test calls it: a short and a mid history of frames - 1 frames and a long one of 4 (frames - 1);
+    every history's tokens come before the target's."""
+    gen = torch.Generator().manual_seed(seed)
+    past = frames - 1
+
+    def latent(f):
+        return torch.randn(batch, 4, f, h, w, generator=gen)
+
+    return dict(hidden_states=latent(frames), timestep=torch.full((batch,), 500),
+                encoder_hidden_states=torch.randn(batch, TEXT, 16, generator=gen),
+                indices_hidden_states=torch.ones(batch, frames), indices_latents_history_short=torch.ones(batch, past),
+                indices_latents_history_mid=torch.ones(batch, past),
+                indices_latents_history_long=torch.ones(batch, past * 4), latents_history_short=latent(past),
+                latents_history_mid=latent(past), latents_history_long=latent(past * 4))

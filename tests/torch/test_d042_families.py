@@ -145,10 +145,38 @@ def test_flux3_reference_image_passes_whole_and_downsample_refuses_it_by_name():
         tomesd.remove_patch(model)
 
 
+def test_helios_history_tokens_pass_whole_and_amplified_history_is_refused_by_name():
+    """Helios joins its history latents' tokens before the target's: the target's merge, the history's reach the
+    self-attention as they are, bit for bit. A model built with is_amplify_history=True finds the history's keys by
+    the target's unmerged length: refused at apply time."""
+    _needs("HeliosTransformer3DModel")
+    model = D.helios()
+    inputs = D.helios_inputs(model, frames=2, h=8, w=8)  # 16 target tokens a frame; 1 + 1 + 4 history frames, some
+    seen = []                                            # patchified coarser
+    handle = model.blocks[0].attn1.to_q.register_forward_pre_hook(lambda module, args: seen.append(args[0].clone()))
+    try:
+        D.run(model, inputs)
+        tomesd.apply_patch(model, ratio=0.5)
+        try:
+            D.run(model, inputs)
+        finally:
+            tomesd.remove_patch(model)
+    finally:
+        handle.remove()
+    plain, merged = seen
+    history = plain.shape[1] - 32
+    assert history > 0 and merged.shape[1] == history + 16
+    assert torch.equal(merged[:, :history], plain[:, :history])
+    amplified = D.helios(is_amplify_history=True)
+    with pytest.raises(ValueError, match="is_amplify_history=True.*original_context_length"):
+        tomesd.apply_patch(amplified, ratio=0.5)
+    assert not amplified._forward_pre_hooks
+
+
 REFUSED = ["JoyImageEditPlusTransformer3DModel", "BriaFibo2Transformer2DModel", "WanAnimate2Transformer3DModel",
            "Ideogram4Transformer2DModel", "MotifVideoTransformer3DModel", "NucleusMoEImageTransformer2DModel",
            "DreamLiteTransformer2DModel", "DreamLiteUNetModel", "Kandinsky5Transformer3DModel",
-           "Kandinsky6Transformer3DModel", "Kandinsky6SRTransformer3DModel", "HeliosTransformer3DModel",
+           "Kandinsky6Transformer3DModel", "Kandinsky6SRTransformer3DModel",
            "AnyFlowFARTransformer3DModel", "ErnieImageTransformer2DModel",
            "AllegroTransformer3DModel", "MiniMaxH3Transformer3DModel", "SanaWMTransformer3DModel",
            "SanaWMLTX2RefinerTransformer3DModel"]

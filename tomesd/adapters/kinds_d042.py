@@ -1,5 +1,5 @@
 """Block kinds of diffusers 0.42's later denoisers (roots_d042.py): JoyImage Edit's double-stream block, Krea 2's
-single-stream block, Flux.3's per-mode and single blocks, AnyFlow's block."""
+single-stream block, Flux.3's per-mode and single blocks, Helios' and AnyFlow's blocks."""
 from __future__ import annotations
 
 from typing import Tuple
@@ -51,6 +51,17 @@ D042_KINDS: Tuple[BlockKind, ...] = (
     # too, left alone by the root kind's skip_blocks), then single blocks over [text, image] joined inside the block;
     # both give `attn` and `ff` one modulated sequence.
     _parallel("Flux3ModeTransformerBlock"), _parallel("Flux3SingleTransformerBlock"),
+    # Helios: Wan's block over [history, target] (the target last): self-attention rotating queries and keys by rows
+    # [B, S, D] (a batch axis: they follow each sample) before the dispatch, given positionally; cross-attention to
+    # the text, of the target's tokens alone (guidance_cross_attn) or of all; the feed-forward.
+    BlockKind(
+        "HeliosTransformerBlock",
+        sublayers=(Sublayer("attn1", "merge_attn", tokens=("hidden_states",), rotary="rotary_emb", rotary_axis=1),
+                   Sublayer("attn2", "merge_crossattn", tokens=("hidden_states",)),
+                   Sublayer("ffn", "merge_mlp")),
+        downsample=(Downsample("attn1", "dispatch"),),
+        module="diffusers.",
+    ),
     # AnyFlow (bidirectional): Wan's block, its self-attention's rotary rows a dict {"query": rows, "key": rows} of
     # complex tables [1, 1, S, D/2] (a batch axis: they follow each sample) applied on [B, heads, S, D] before the
     # dispatch; cross-attention to the text (and image embedding); the feed-forward. (AnyFlow FAR's block of this

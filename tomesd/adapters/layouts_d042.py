@@ -6,6 +6,7 @@ layouts.STRATEGIES by RootKind.layout as this module is imported (runtime.py imp
   along the frames, so the target's tokens lead the sequence and the references' follow: they are its tail and pass
   whole (call.tail, TokenMerge.with_passing_tail), never merged with the target's.
 - "ids_cond" (Flux.3): Flux's ids, the reference image's tokens after the target's in its single blocks only.
+- "history" (Helios): Wan's grid; the history latents' tokens precede the target's and pass whole.
 - "joint_ids" (Krea 2): Flux's ids layout where the ids cover the sequence the root joins, [text, image]: rows
   (t, row, col), the image's last, as many as the packed latent [B, N, C] has tokens.
 """
@@ -86,6 +87,25 @@ class CondIds(Ids):
         return super().image_tokens(call, x)
 
 
+class History(SpaceTime):
+    """Helios: Wan's space-time grid over its latent [B, C, F, H, W]; its history latents' tokens (long, mid, short)
+    precede the target's in every block's sequence, so the target's are the last N, as layouts.py reads them, and the
+    history passes whole."""
+
+    def __init__(self, root: Any, kind: RootKind, xp: Any) -> None:
+        super().__init__(root, kind, xp, kind.frame_axis, _spacetime_patch(root) or (1, 1, 1))
+        self.amplified = bool(getattr(getattr(root, "config", None), "is_amplify_history", False))
+
+    def validate(self, patch: Any) -> None:
+        # Its self-attention then scales the first (sequence - original_context_length) keys as history's: with the
+        # target's tokens merged that count would reach into the history, scaling too few.
+        if self.amplified:
+            raise ValueError(
+                f"ToMe cannot merge {self.model} built with is_amplify_history=True: its attention finds the history's "
+                f"keys by the target's unmerged length (original_context_length); run it without ToMe")
+
+
 STRATEGIES["items"] = Items
 STRATEGIES["joint_ids"] = JointIds
 STRATEGIES["ids_cond"] = CondIds
+STRATEGIES["history"] = History

@@ -34,6 +34,11 @@ D042_ROOTS: Tuple[Dict[str, Any], ...] = (
     # its own class (kinds_d042.py); its timestep and modulations may be per frame, outside ToMe's sites.
     dict(family="AnyFlow", classes=("AnyFlowTransformer3DModel",), layout="spacetime", frame_axis=1,
          supported="the AnyFlow video transformer (torch)"),
+    # Helios: Wan's layout and blocks under its own classes; its history latents' tokens (long, mid, short) are joined
+    # before the target's: the target's are the last N and merge, the history's pass whole (layouts_d042.History).
+    # Built with is_amplify_history=True, refused at apply time.
+    dict(family="Helios", classes=("HeliosTransformer3DModel",), layout="history", frame_axis=2,
+         supported="the Helios video transformer (torch; its history tokens pass whole)"),
     # Refused: each a layout the runtime lacks (docs/limits.md).
     dict(family="JoyImage Edit Plus", classes=("JoyImageEditPlusTransformer3DModel",), layout="levels",
          refused=f"a transformer over padded patch lists whose mask marks padded patches, {_NOT_YET} "
@@ -60,9 +65,6 @@ D042_ROOTS: Tuple[Dict[str, Any], ...] = (
                                         "Kandinsky6SRTransformer3DModel"), layout="levels",
          refused=f"a transformer whose visual tokens run in a fractal (block-sparse) order, its text in blocks of the "
                  f"same kind, {_NOT_YET}; {_RUN}"),
-    dict(family="Helios", classes=("HeliosTransformer3DModel",), layout="levels",
-         refused=f"a video transformer whose history tokens precede the target's and whose attention reads the "
-                 f"target's length from an integer argument to scale the history's keys, {_NOT_YET}; {_RUN}"),
     dict(family="AnyFlow FAR", classes=("AnyFlowFARTransformer3DModel",), layout="levels",
          refused=f"a causal video transformer whose attention runs under a key/value cache of earlier frames and a "
                  f"flex block mask, {_NOT_YET} (AnyFlowTransformer3DModel, its bidirectional model, merges); {_RUN}"),
