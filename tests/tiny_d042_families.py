@@ -116,9 +116,9 @@ def anyflow_inputs(model=None, batch=2, frames=3, h=8, w=8, seed=1):
 
 # ---- Helios: Wan's latent [B, C, F, H, W]; history latents (short, mid, long) joined before the target's tokens ----
 HELIOS = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
-              text_dim=16, freq_dim=256, ffn_dim=32, num_layers=1, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
-              rope_dim=(4, 4, 4), has_multi_term_memory_patch=True, guidance_cross_attn=True, zero_history_timestep=True,
-              is_amplify_history=False)
+              text_dim=16, freq_dim=256, ffn_dim=32, num_layers=1, cross_attn_norm=True,
+              qk_norm="rms_norm_across_heads", rope_dim=(4, 4, 4), has_multi_term_memory_patch=True,
+              guidance_cross_attn=True, zero_history_timestep=True, is_amplify_history=False)
 
 
 def helios(seed=0, **config):
@@ -142,3 +142,27 @@ def helios_inputs(model=None, batch=2, frames=2, h=8, w=8, seed=1):
                 indices_latents_history_mid=torch.ones(batch, past),
                 indices_latents_history_long=torch.ones(batch, past * 4), latents_history_short=latent(past),
                 latents_history_mid=latent(past), latents_history_long=latent(past * 4))
+
+
+# ---- NucleusMoE-Image: packed latent [B, N, C], img_shapes; one dense and one mixture-of-experts block ----
+NUCLEUS = dict(patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=2,
+               joint_attention_dim=16, axes_dims_rope=(8, 4, 4), dense_moe_strategy="leave_first_block_dense",
+               num_experts=4, moe_intermediate_dim=16, mlp_ratio=6.0,  # a dense MLP of 128 (whole 128s)
+               capacity_factors=[1.0, 1.0])
+
+
+def nucleus(seed=0):
+    from diffusers import NucleusMoEImageTransformer2DModel
+
+    return randomize_(NucleusMoEImageTransformer2DModel(**NUCLEUS), seed, gain=1.0)
+
+
+def nucleus_inputs(model=None, batch=2, h=8, w=8, seed=1, mask=False):
+    """As NucleusMoEImagePipeline calls it, without its text mask unless `mask`."""
+    gen = torch.Generator().manual_seed(seed)
+    inputs = dict(hidden_states=torch.randn(batch, h * w, 16, generator=gen),
+                  encoder_hidden_states=torch.randn(batch, TEXT, 16, generator=gen), timestep=torch.full((batch,), 0.5),
+                  img_shapes=[(1, h, w)] * batch)
+    if mask:
+        inputs["encoder_hidden_states_mask"] = torch.ones(batch, TEXT, dtype=torch.long)
+    return inputs

@@ -1,5 +1,5 @@
 """Block kinds of diffusers 0.42's later denoisers (roots_d042.py): JoyImage Edit's double-stream block, Krea 2's
-single-stream block, Flux.3's per-mode and single blocks, Helios' and AnyFlow's blocks."""
+single-stream block, Flux.3's per-mode and single blocks, Helios', NucleusMoE-Image's and AnyFlow's blocks."""
 from __future__ import annotations
 
 from typing import Tuple
@@ -60,6 +60,19 @@ D042_KINDS: Tuple[BlockKind, ...] = (
                    Sublayer("attn2", "merge_crossattn", tokens=("hidden_states",)),
                    Sublayer("ffn", "merge_mlp")),
         downsample=(Downsample("attn1", "dispatch"),),
+        module="diffusers.",
+    ),
+    # NucleusMoE-Image: the image's queries attend to keys and values [image, text] (the text's projected in the same
+    # attention, or cached), the image's rotated by complex rows [image, D/2] (item 0 of (image rows, text rows); no
+    # batch axis: one matching serves the batch). Its MLP is not a site: the mixture-of-experts layers take the
+    # modulated and the unmodulated tokens as two inputs.
+    BlockKind(
+        "NucleusMoEImageTransformerBlock",
+        sublayers=(Sublayer("attn", "merge_attn", tokens=("hidden_states",), rotary="image_rotary_emb", rotary_item=0,
+                            image_keys_first=True),),
+        downsample=(),
+        no_downsample="NucleusMoE-Image's processor joins [image, text] keys after rotating the image's, with no seam "
+                      "for image keys alone at the dispatch's end; use mode='merge'",
         module="diffusers.",
     ),
     # AnyFlow (bidirectional): Wan's block, its self-attention's rotary rows a dict {"query": rows, "key": rows} of

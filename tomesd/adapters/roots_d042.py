@@ -39,6 +39,12 @@ D042_ROOTS: Tuple[Dict[str, Any], ...] = (
     # Built with is_amplify_history=True, refused at apply time.
     dict(family="Helios", classes=("HeliosTransformer3DModel",), layout="history", frame_axis=2,
          supported="the Helios video transformer (torch; its history tokens pass whole)"),
+    # NucleusMoE-Image: Qwen-Image's packed latent and img_shapes; its blocks see the image alone (the text enters as
+    # keys and values). Its pipeline passes a text mask over [image, text] (even unpadded): the merged self-attention
+    # refuses it by name, merge_attn=False runs with it.
+    dict(family="NucleusMoE-Image", classes=("NucleusMoEImageTransformer2DModel",), layout="packed",
+         grid_args=("img_shapes",),
+         supported="the NucleusMoE-Image transformer (torch; without an encoder_hidden_states_mask)"),
     # Refused: each a layout the runtime lacks (docs/limits.md).
     dict(family="JoyImage Edit Plus", classes=("JoyImageEditPlusTransformer3DModel",), layout="levels",
          refused=f"a transformer over padded patch lists whose mask marks padded patches, {_NOT_YET} "
@@ -56,9 +62,6 @@ D042_ROOTS: Tuple[Dict[str, Any], ...] = (
     dict(family="Motif-Video", classes=("MotifVideoTransformer3DModel",), layout="levels",
          refused=f"a HunyuanVideo-style transformer (single blocks over [image, text], a mask over both), {_NOT_YET}; "
                  f"{_RUN}"),
-    dict(family="NucleusMoE-Image", classes=("NucleusMoEImageTransformer2DModel",), layout="levels",
-         refused=f"a transformer whose mixture-of-experts layers route over every image token of the batch and whose "
-                 f"text keys may come from a cache, {_NOT_YET}; {_RUN}"),
     dict(family="DreamLite", classes=("DreamLiteTransformer2DModel", "DreamLiteUNetModel"), layout="levels",
          refused=f"a denoiser whose blocks (BasicTransformerBlockDreamLite) ToMe has no entry for, {_NOT_YET}; {_RUN}"),
     dict(family="Kandinsky 5", classes=("Kandinsky5Transformer3DModel", "Kandinsky6Transformer3DModel",
