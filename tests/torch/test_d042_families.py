@@ -1,6 +1,6 @@
-"""diffusers 0.42's later families beyond the contract (tests/families.py holds JoyImage Edit and Krea 2 to it):
-JoyImage Edit's reference image passes whole and its text-to-image latent merges; Krea 2's text mask is refused by
-name and merge_attn=False runs with it; the families ToMe does not merge yet are refused at apply time by name."""
+"""diffusers 0.42's later families beyond the contract (tests/families.py holds JoyImage Edit, Krea 2, Flux.3,
+NucleusMoE-Image, Helios and AnyFlow to it): reference and history tokens pass whole, text masks and the modes that
+cannot run are refused by name, and the families ToMe does not merge yet are refused at apply time by name."""
 import pytest
 import torch
 

@@ -2,9 +2,10 @@
 entry, before its catch-all "diffusion transformer" suffix entry, which would read most of these names as a
 patchified SD3-style latent). Kept apart from roots.py so that families added at once stay separate entries.
 
-Merging: JoyImage Edit (layouts_d042.py "items": its multi-item latent's target first, the reference images after
-it passing whole) and Krea 2 (layouts_d042.py "joint_ids": rotary ids over [text, image], the image's last). Refused
-by name at apply time: layouts the runtime does not merge yet, each with the cause and what works instead.
+Merging, on layouts_d042.py's variants of the layouts ToMe has: JoyImage Edit ("items": its multi-item latent's
+target first, the reference images after it passing whole), Krea 2 ("joint_ids": rotary ids over [text, image]),
+Flux.3 ("ids_cond"), Helios ("history"); and on layouts as they are: NucleusMoE-Image ("packed"), AnyFlow
+("spacetime"). Refused by name at apply time: layouts the runtime does not merge yet, each with its cause.
 """
 from __future__ import annotations
 
@@ -63,7 +64,8 @@ D042_ROOTS: Tuple[Dict[str, Any], ...] = (
          refused=f"a HunyuanVideo-style transformer (single blocks over [image, text], a mask over both), {_NOT_YET}; "
                  f"{_RUN}"),
     dict(family="DreamLite", classes=("DreamLiteTransformer2DModel", "DreamLiteUNetModel"), layout="levels",
-         refused=f"a denoiser whose blocks (BasicTransformerBlockDreamLite) ToMe has no entry for, {_NOT_YET}; {_RUN}"),
+         refused=f"a UNet whose finest levels, where ToMe's level rule merges, have no self-attention "
+                 f"(BasicTransformerBlockDreamLite without attn1), {_NOT_YET}; {_RUN}"),
     dict(family="Kandinsky 5", classes=("Kandinsky5Transformer3DModel", "Kandinsky6Transformer3DModel",
                                         "Kandinsky6SRTransformer3DModel"), layout="levels",
          refused=f"a transformer whose visual tokens run in a fractal (block-sparse) order, its text in blocks of the "
