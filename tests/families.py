@@ -6,7 +6,7 @@ from typing import Callable, Tuple
 
 import torch
 
-import tiny_d042_families as D
+import tiny_diffusers_0_42_families as D
 import tiny_hunyuan_families as H
 import tiny_image_first_families as F
 import tiny_image_families as I
@@ -257,7 +257,7 @@ FAMILIES = {
                             T.run_cogvideox, ("hidden_states", "timestep", "encoder_hidden_states"), True,
                             (dict(frames=4, h=8, w=8), dict(frames=2, h=6, w=10)), dict(ratio=0.5, merge_mlp=True),
                             merged_blocks=(0, 1), root="CogVideoX"),
-    # diffusers 0.42's later families (tests/tiny_d042_families.py): JoyImage Edit called as its edit pipeline calls it
+    # diffusers 0.42's later families (tests/tiny_diffusers_0_42_families.py): JoyImage Edit called as its edit pipeline calls it
     # (a reference image's tokens after the target's, passing whole), Krea 2 without a text mask.
     "joyimage-edit": Family("joyimage-edit", D.joyimage, D.joyimage_inputs, D.run,
                             ("hidden_states", "timestep", "encoder_hidden_states"), True,

@@ -1,7 +1,8 @@
 """A key-padding mask over a joined [image, text] sequence whose image part is all True (BlockKind.mask
-"image_ones_first": HunyuanVideo's and HunyuanImage's roots build it as [B, 1, 1, image + text]; HiDream's as
-[B, image + padding (+ text)], ones over the image), fitted to the merged image: with N image tokens merged into M, its last M + text entries are exactly the merged sequence's (every image
-entry is True, so which N - M of them go does not matter). A slice of the host's tensor: no copy, no host read."""
+"image_ones_first": HunyuanVideo's and HunyuanImage's roots build it as [B, 1, 1, image + text]; HiDream's as [B,
+image + padding (+ text)], ones over the image), fitted to the merged image: with N image tokens merged into M, its
+last M + text entries are exactly the merged sequence's (every image entry is True, so which N - M of them go does
+not matter). A slice of the host's tensor: no copy, no host read."""
 from __future__ import annotations
 
 from typing import Any

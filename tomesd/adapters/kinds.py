@@ -1,8 +1,9 @@
 """What ToMe knows about each kind of transformer block and of denoiser, as data.
 
 A new block kind is one entry of BLOCK_KINDS: which of its sub-layers see the image tokens (and so merge around
-them), where their image output sits, and how its self-attention can take downsampled keys and values. The runtime (runtime.py, sites.py) reads these entries and nothing else about the host's
-block classes; what it knows of root models is in roots.py.
+them), where their image output sits, and how its self-attention can take downsampled keys and values. The runtime
+(runtime.py, sites.py) reads these entries and nothing else about the host's block classes; what it knows of root
+models is in roots.py.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from .kind_types import ROTATIONS, BlockKind, Downsample, Span, Sublayer
 from .kinds_comfy import COMFY_KINDS
 from .kinds_image_first import IMAGE_FIRST_KINDS
 from .kinds_unified import UNIFIED_KINDS
-from .kinds_d042 import D042_KINDS
+from .kinds_diffusers_0_42 import DIFFUSERS_0_42_KINDS
 from .kinds_video import VIDEO_KINDS
 
 __all__ = ["BLOCK_KINDS", "KNOWN_BLOCKS", "ROTATIONS", "BlockKind", "Downsample", "Span", "Sublayer", "block_kind",
@@ -249,7 +250,7 @@ BLOCK_KINDS: Dict[str, BlockKind] = {
                           "(img_qkv_proj), so no seam takes image keys alone; use mode='merge'",
             mask="text",
         ),
-    ) + VIDEO_KINDS + COMFY_KINDS + IMAGE_FIRST_KINDS + UNIFIED_KINDS + D042_KINDS
+    ) + VIDEO_KINDS + COMFY_KINDS + IMAGE_FIRST_KINDS + UNIFIED_KINDS + DIFFUSERS_0_42_KINDS
 }
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
 from .frameworks import class_names
-from .roots_d042 import D042_ROOTS
+from .roots_diffusers_0_42 import DIFFUSERS_0_42_ROOTS
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,8 @@ class RootKind:
 
 
 ROOT_KINDS: Tuple[RootKind, ...] = (
-    # diffusers 0.42's later denoisers (roots_d042.py), ahead of the "Transformer2DModel" suffix entry below.
-    *(RootKind(**entry) for entry in D042_ROOTS),
+    # diffusers 0.42's later denoisers (roots_diffusers_0_42.py), ahead of the "Transformer2DModel" suffix entry below.
+    *(RootKind(**entry) for entry in DIFFUSERS_0_42_ROOTS),
     # Denoisers whose input is not an image (or video) latent: their blocks hold tokens of embeddings.
     RootKind("Prior", ("PriorTransformer",), "levels", refused="a prior over embeddings, not over an image latent"),
     # Flux's packed latent has no spatial axes: its `img_ids` rows are (0, row, col).

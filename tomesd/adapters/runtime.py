@@ -25,7 +25,7 @@ from .layouts import layout_of
 from .layouts_packed import Packed  # noqa: F401  (registers the "packed" layout with layout_of)
 from .layouts_image_first import PatchAxes  # noqa: F401  (registers "hunyuan_video" and "patch_axes")
 from .layouts_unified import Unified  # noqa: F401  (registers the "unified" layout with layout_of)
-from .layouts_d042 import Items  # noqa: F401  (registers the "items" and "joint_ids" layouts with layout_of)
+from .layouts_joined import Items  # noqa: F401  (registers the "items" and "joint_ids" layouts with layout_of)
 from .matcher import Matcher
 from .observe import CallWatch
 from .restore import SiteRestore

@@ -2,7 +2,7 @@
 entry, before its catch-all "diffusion transformer" suffix entry, which would read most of these names as a
 patchified SD3-style latent). Kept apart from roots.py so that families added at once stay separate entries.
 
-Merging, on layouts_d042.py's variants of the layouts ToMe has: JoyImage Edit ("items": its multi-item latent's
+Merging, on layouts_joined.py's variants of the layouts ToMe has: JoyImage Edit ("items": its multi-item latent's
 target first, the reference images after it passing whole), Krea 2 ("joint_ids": rotary ids over [text, image]),
 Flux.3 ("ids_cond"), Helios ("history"); and on layouts as they are: NucleusMoE-Image ("packed"), AnyFlow
 ("spacetime"). Refused by name at apply time: layouts the runtime does not merge yet, each with its cause.
@@ -14,7 +14,7 @@ from typing import Any, Dict, Tuple
 _NOT_YET = "a layout ToMe does not merge yet"
 _RUN = "run it without ToMe"
 
-D042_ROOTS: Tuple[Dict[str, Any], ...] = (
+DIFFUSERS_0_42_ROOTS: Tuple[Dict[str, Any], ...] = (
     # JoyImage Edit: a Wan-style latent [B, C, F, H, W] (text-to-image) or [B, items, C, F, H, W] (edits: reference
     # images first, the target last, which the model moves first): double-stream blocks, the image alone in
     # `hidden_states`. The target's tokens merge; the references' follow them in the sequence and pass whole.
@@ -27,16 +27,16 @@ D042_ROOTS: Tuple[Dict[str, Any], ...] = (
          supported="the Krea 2 transformer (torch; without an encoder_attention_mask)"),
     # Flux.3: a packed latent whose img_ids rows are (t, row, col, l), Flux.2's. Its text and its reference image run
     # through per-mode blocks of the image's class first (skipped: they hold no image token), then single blocks join
-    # [text, image, reference]: the reference's tokens pass whole there (layouts_d042.CondIds).
+    # [text, image, reference]: the reference's tokens pass whole there (layouts_joined.CondIds).
     dict(family="Flux.3", classes=("Flux3Transformer2DModel",), layout="ids_cond", ids="img_ids",
          skip_blocks=("txt_mode_blocks", "mode_blocks.image_cond"),
          supported="the Flux.3 transformer (torch; its reference image's tokens pass whole)"),
     # AnyFlow (bidirectional): Wan's layout on a latent [B, F, C, H, W] (permuted to Wan's inside), Wan's blocks under
-    # its own class (kinds_d042.py); its timestep and modulations may be per frame, outside ToMe's sites.
+    # its own class (kinds_diffusers_0_42.py); its timestep and modulations may be per frame, outside ToMe's sites.
     dict(family="AnyFlow", classes=("AnyFlowTransformer3DModel",), layout="spacetime", frame_axis=1,
          supported="the AnyFlow video transformer (torch)"),
     # Helios: Wan's layout and blocks under its own classes; its history latents' tokens (long, mid, short) are joined
-    # before the target's: the target's are the last N and merge, the history's pass whole (layouts_d042.History).
+    # before the target's: the target's are the last N and merge, the history's pass whole (layouts_joined.History).
     # Built with is_amplify_history=True, refused at apply time.
     dict(family="Helios", classes=("HeliosTransformer3DModel",), layout="history", frame_axis=2,
          supported="the Helios video transformer (torch; its history tokens pass whole)"),

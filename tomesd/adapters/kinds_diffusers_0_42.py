@@ -1,4 +1,4 @@
-"""Block kinds of diffusers 0.42's later denoisers (roots_d042.py): JoyImage Edit's double-stream block, Krea 2's
+"""Block kinds of diffusers 0.42's later denoisers (roots_diffusers_0_42.py): JoyImage Edit's double-stream block, Krea 2's
 single-stream block, Flux.3's per-mode and single blocks, Helios', NucleusMoE-Image's and AnyFlow's blocks."""
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def _parallel(name: str) -> BlockKind:
     )
 
 
-D042_KINDS: Tuple[BlockKind, ...] = (
+DIFFUSERS_0_42_KINDS: Tuple[BlockKind, ...] = (
     # JoyImage Edit: image and text enter the block apart; `attn` projects each, rotates the image's queries and keys
     # by (cos, sin) [image, D] (item 0 of its rows (image rows, text rows); no batch axis, applied by its own function:
     # one matching serves the batch), joins [image, text] for the dispatch and returns (image, text); `img_mlp` sees
@@ -78,7 +78,7 @@ D042_KINDS: Tuple[BlockKind, ...] = (
     # AnyFlow (bidirectional): Wan's block, its self-attention's rotary rows a dict {"query": rows, "key": rows} of
     # complex tables [1, 1, S, D/2] (a batch axis: they follow each sample) applied on [B, heads, S, D] before the
     # dispatch; cross-attention to the text (and image embedding); the feed-forward. (AnyFlow FAR's block of this
-    # name sits under a root refused in roots_d042.py.)
+    # name sits under a root refused in roots_diffusers_0_42.py.)
     BlockKind(
         "AnyFlowTransformerBlock",
         sublayers=(Sublayer("attn1", "merge_attn", tokens=("hidden_states",), rotary="rotary_emb", rotary_axis=2),

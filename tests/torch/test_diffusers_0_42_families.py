@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import tomesd
-import tiny_d042_families as D
+import tiny_diffusers_0_42_families as D
 
 
 def _needs(name):
@@ -203,7 +203,7 @@ REFUSED = ["JoyImageEditPlusTransformer3DModel", "BriaFibo2Transformer2DModel", 
 
 @pytest.mark.parametrize("name", REFUSED)
 def test_layouts_not_merged_yet_are_refused_by_name_at_apply_time(name):
-    """Each is refused before anything changes, naming its class, the cause and what to do (roots_d042.py); without
+    """Each is refused before anything changes, naming its class, the cause and what to do (roots_diffusers_0_42.py); without
     its entry, apply_patch said only that it found no transformer block ToMe knows."""
     import diffusers
 
