@@ -59,6 +59,7 @@ def _hidream(name: str, single: bool) -> BlockKind:
         no_downsample="HiDream's processor projects keys from the tokens it is given and calls torch's attention "
                       "itself, so no seam takes the image's keys alone; use mode='merge'",
         mask="image_ones_first",
+        module="diffusers.",  # ComfyUI's HiDream blocks share these names and take other inputs
     )
 
 

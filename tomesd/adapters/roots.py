@@ -199,8 +199,8 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
              supported="the HunyuanImage 2.1 transformer (torch; merge mode)"),
     # HiDream-I1: a latent [B, C, H, W] patchified inside (a non-square one padded to max_seq tokens under a mask);
     # every block's input starts with the image (kinds_image_first.py), as layout "image_first" reads it.
-    RootKind("HiDream-I1", ("HiDreamImageTransformer2DModel",), "image_first",
-             supported="the HiDream-I1 transformer (torch; merge mode)"),
+    RootKind("HiDream-I1", ("HiDreamImageTransformer2DModel",), "image_first", module="diffusers.",
+             supported="the HiDream-I1 transformer (torch; merge mode)"),  # (ComfyUI's class of this name: refused)
     # Denoisers that patchify their latent once: SD3Transformer2DModel, PixArtTransformer2DModel,
     # DiTTransformer2DModel, ppdiffusers' Transformer2DModel (PixArt, DiT), SD3ControlNetModel,
     # SanaTransformer2DModel.
