@@ -79,6 +79,28 @@ def _video_unet_inputs(model, batch=2, seed=1, **grid):
     return T.video_inputs("unet3d", batch=batch, seed=seed, **grid)
 
 
+# ControlNet-XS (UNetControlNetXSModel: a UNet and its control branch in one model), diffusers' test config.
+CONTROLNET_XS = dict(sample_size=16, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+                     up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), block_out_channels=(4, 8), cross_attention_dim=8,
+                     transformer_layers_per_block=1, num_attention_heads=2, norm_num_groups=4, upcast_attention=False,
+                     ctrl_block_out_channels=[2, 4], ctrl_num_attention_heads=4, ctrl_max_norm_num_groups=2,
+                     ctrl_conditioning_embedding_out_channels=(2, 2))
+
+
+def _controlnet_xs():
+    from diffusers import UNetControlNetXSModel
+
+    torch.manual_seed(0)
+    return UNetControlNetXSModel(**CONTROLNET_XS).eval()
+
+
+def _controlnet_xs_inputs(model, batch=2, seed=1, h=16, w=16):
+    g = torch.Generator().manual_seed(seed)
+    return dict(sample=torch.randn(batch, 4, h, w, generator=g), timestep=torch.tensor([10]),
+                encoder_hidden_states=torch.randn(batch, 4, 8, generator=g),
+                controlnet_cond=torch.randn(batch, 3, 2 * h, 2 * w, generator=g))
+
+
 def _transformer(kind):
     return dict(build=lambda: T.transformer(kind),
                 inputs=lambda model, batch=2, seed=1, **grid: T.transformer_inputs(kind, batch=batch, seed=seed, **grid),
@@ -290,6 +312,10 @@ FAMILIES = {
                       ("hidden_states", "timestep", "r_timestep", "encoder_hidden_states"), True,
                       (dict(frames=3, h=8, w=8), dict(frames=2, h=6, w=10)), dict(ratio=0.5, st=2), merged_blocks=(0,),
                       root="AnyFlow", host_class="AnyFlowTransformer3DModel", timestep_per_frame=True),
+    "controlnet-xs": Family("controlnet-xs", _controlnet_xs, _controlnet_xs_inputs, _run_unet,
+                            ("sample", "encoder_hidden_states", "controlnet_cond"), False,
+                            (dict(h=16, w=16), dict(h=12, w=20)), merged_blocks=tuple(range(9)), root="UNet",
+                            host_class="UNetControlNetXSModel"),
     "unet3d": Family("unet3d", lambda: T.video_unet("unet3d"), _video_unet_inputs, T.run_video,
                      ("sample", "encoder_hidden_states"), False, (dict(frames=4, h=16, w=16), dict(frames=2, h=12, w=20)),
                      merged_blocks=(0, 1, 2), root="video UNet"),
