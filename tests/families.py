@@ -294,7 +294,8 @@ FAMILIES = {
                     lambda model, batch=2, seed=1, **grid: D.flux3_inputs(model, batch, seed=seed, reference=True, **grid),
                     D.run, ("hidden_states", "encoder_hidden_states", "timestep", "image_cond_hidden_states"), True, (dict(h=8, w=8), dict(h=6, w=10)), merged_blocks=(0, 1), root="Flux.3",
                     host_class="Flux3Transformer2DModel"),
-    # NucleusMoE-Image without a text mask: a dense block and a mixture-of-experts block.
+    # NucleusMoE-Image without a text mask (so that proportional attention, refused under one, runs here too; the
+    # masked call its pipeline makes: test_diffusers_0_42_families.py): a dense and a mixture-of-experts block.
     "nucleusmoe-image": Family("nucleusmoe-image", D.nucleus, D.nucleus_inputs, D.run,
                                ("hidden_states", "encoder_hidden_states", "timestep"), True,
                                (dict(h=8, w=8), dict(h=6, w=10)), merged_blocks=(0, 1), root="NucleusMoE-Image",

@@ -157,12 +157,14 @@ def nucleus(seed=0):
     return randomize_(NucleusMoEImageTransformer2DModel(**NUCLEUS), seed, gain=1.0)
 
 
-def nucleus_inputs(model=None, batch=2, h=8, w=8, seed=1, mask=False):
-    """As NucleusMoEImagePipeline calls it, without its text mask unless `mask`."""
+def nucleus_inputs(model=None, batch=2, h=8, w=8, seed=1, mask=False, text=TEXT, valid=None):
+    """As NucleusMoEImagePipeline calls it, without its text mask unless `mask`: `text` tokens, the first `valid`
+    (all if None) unmasked."""
     gen = torch.Generator().manual_seed(seed)
     inputs = dict(hidden_states=torch.randn(batch, h * w, 16, generator=gen),
-                  encoder_hidden_states=torch.randn(batch, TEXT, 16, generator=gen), timestep=torch.full((batch,), 0.5),
+                  encoder_hidden_states=torch.randn(batch, text, 16, generator=gen), timestep=torch.full((batch,), 0.5),
                   img_shapes=[(1, h, w)] * batch)
     if mask:
-        inputs["encoder_hidden_states_mask"] = torch.ones(batch, TEXT, dtype=torch.long)
+        inputs["encoder_hidden_states_mask"] = (torch.arange(text) < (text if valid is None else valid)).long()[
+            None].repeat(batch, 1)
     return inputs

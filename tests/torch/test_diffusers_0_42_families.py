@@ -81,23 +81,54 @@ def test_krea2_text_mask_is_refused_by_name_and_merge_attn_false_runs_with_it():
     assert (out - base).abs().max() > 1e-2
 
 
-def test_nucleusmoe_image_text_mask_and_downsample_are_refused_by_name():
-    """NucleusMoEImagePipeline always passes a text mask, joined as [image (all True), text] by the root: the merged
-    self-attention refuses it by name (its MLP, a mixture of experts taking two token inputs, is no site, so nothing
-    merges through that pipeline yet: docs/limits.md). mode='downsample' is refused at apply time by name."""
-    _needs("NucleusMoEImageTransformer2DModel")
-    model = D.nucleus()
-    inputs = D.nucleus_inputs(model, mask=True)
-    base = D.run(model, inputs)
+def _padded_and_short(inputs, valid, mask):
+    """The inputs as given (prompts padded after `valid` tokens, masked by `mask`) and the same prompts unpadded."""
+    return dict(inputs, encoder_hidden_states=inputs["encoder_hidden_states"][:, :valid],
+                **{mask: inputs[mask][:, :valid]})
+
+
+def _padded_equals_unpadded_under_tome(model, padded, short, blocks):
+    """Under ToMe, a prompt padded with masked tokens gives what the prompt alone gives, and ToMe changes that output
+    by far more than the tolerance."""
+    base = D.run(model, short)
+    torch.testing.assert_close(D.run(model, padded), base, atol=1e-5, rtol=1e-5)  # the host's own masking
     tomesd.apply_patch(model, ratio=0.5)
     try:
-        with pytest.raises(ValueError, match="merge_attn=False"):
-            D.run(model, inputs)
+        with tomesd.observe(model) as seen:
+            merged_short = D.run(model, short)
+        merged_padded = D.run(model, padded)
     finally:
         tomesd.remove_patch(model)
+    assert seen.calls[0].merged_blocks("attn") == blocks
+    assert (merged_short - base).abs().max().item() > 1e-2
+    torch.testing.assert_close(merged_padded, merged_short, atol=1e-5, rtol=1e-5)
+
+
+def test_nucleusmoe_image_text_mask_is_sliced_to_the_merged_keys():
+    """NucleusMoEImagePipeline always passes a text mask, joined by the root as [image (all True), text] over the
+    attention's keys: sliced to the merged image's keys, a prompt of 3 tokens padded with 3 masked ones gives, merged,
+    what the 3 tokens alone give (a dense and a mixture-of-experts block)."""
+    _needs("NucleusMoEImageTransformer2DModel")
+    model = D.nucleus().eval()
+    padded = D.nucleus_inputs(model, mask=True, text=6, valid=3)
+    _padded_equals_unpadded_under_tome(model, padded, _padded_and_short(padded, 3, "encoder_hidden_states_mask"),
+                                       [0, 1])
+
+
+def test_nucleusmoe_image_downsample_and_masked_proportional_attention_are_refused_by_name():
+    """mode='downsample' is refused at apply time; proportional attention, whose key weights cannot join the text
+    mask, at the first masked call."""
+    _needs("NucleusMoEImageTransformer2DModel")
+    model = D.nucleus()
     with pytest.raises(ValueError, match="mode='downsample' cannot run on NucleusMoEImageTransformerBlock"):
         tomesd.apply_patch(model, mode="downsample", downsample_factor=2)
     assert not model._forward_pre_hooks
+    tomesd.apply_patch(model, ratio=0.5, proportional_attention=True)
+    try:
+        with pytest.raises(ValueError, match="attention mask.*proportional_attention=False"):
+            D.run(model, D.nucleus_inputs(model, mask=True))
+    finally:
+        tomesd.remove_patch(model)
 
 
 def test_krea2_downsample_shrinks_the_image_keys_only():

@@ -41,11 +41,10 @@ DIFFUSERS_0_42_ROOTS: Tuple[Dict[str, Any], ...] = (
     dict(family="Helios", classes=("HeliosTransformer3DModel",), layout="history", frame_axis=2,
          supported="the Helios video transformer (torch; its history tokens pass whole)"),
     # NucleusMoE-Image: Qwen-Image's packed latent and img_shapes; its blocks see the image alone (the text enters as
-    # keys and values). Its pipeline passes a text mask over [image, text] (even unpadded): the merged self-attention
-    # refuses it by name, merge_attn=False runs with it.
+    # keys and values). Its pipeline passes a text mask, joined as [image (all True), text] (even unpadded): sliced to
+    # the merged image's keys (the block kind's mask "image_ones_first").
     dict(family="NucleusMoE-Image", classes=("NucleusMoEImageTransformer2DModel",), layout="packed",
-         grid_args=("img_shapes",),
-         supported="the NucleusMoE-Image transformer (torch; without an encoder_hidden_states_mask)"),
+         grid_args=("img_shapes",), supported="the NucleusMoE-Image transformer (torch)"),
     # Refused: each a layout the runtime lacks (docs/limits.md).
     dict(family="JoyImage Edit Plus", classes=("JoyImageEditPlusTransformer3DModel",), layout="levels",
          refused=f"a transformer over padded patch lists whose mask marks padded patches, {_NOT_YET} "
