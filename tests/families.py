@@ -280,7 +280,8 @@ FAMILIES = {
                             (dict(frames=4, h=8, w=8), dict(frames=2, h=6, w=10)), dict(ratio=0.5, merge_mlp=True),
                             merged_blocks=(0, 1), root="CogVideoX"),
     # diffusers 0.42's later families (tests/tiny_diffusers_0_42_families.py): JoyImage Edit called as its edit pipeline calls it
-    # (a reference image's tokens after the target's, passing whole), Krea 2 without a text mask.
+    # (a reference image's tokens after the target's, passing whole), Krea 2 without a text mask (its masked calls,
+    # under which proportional attention is refused: test_diffusers_0_42_families.py).
     "joyimage-edit": Family("joyimage-edit", D.joyimage, D.joyimage_inputs, D.run,
                             ("hidden_states", "timestep", "encoder_hidden_states"), True,
                             (dict(frames=1, h=8, w=8), dict(frames=1, h=6, w=10)), merged_blocks=(0,),

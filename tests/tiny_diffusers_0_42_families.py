@@ -46,17 +46,19 @@ def krea2(seed=0):
     return randomize_(Krea2Transformer2DModel(**KREA2), seed, gain=1.0)
 
 
-def krea2_inputs(model=None, batch=2, h=8, w=8, seed=1, mask=False):
-    """As Krea2Pipeline calls it (prepare_position_ids), without its text mask unless `mask`."""
+def krea2_inputs(model=None, batch=2, h=8, w=8, seed=1, mask=False, text=TEXT, valid=None):
+    """As Krea2Pipeline calls it (prepare_position_ids), without its text mask unless `mask`: over `text` tokens,
+    the first `valid` unmasked (None: all of the first sample's, two fewer of the second's)."""
     from diffusers import Krea2Pipeline
 
     gen = torch.Generator().manual_seed(seed)
     inputs = dict(hidden_states=torch.randn(batch, h * w, 16, generator=gen),
-                  encoder_hidden_states=torch.randn(batch, TEXT, 3, 16, generator=gen),
+                  encoder_hidden_states=torch.randn(batch, text, 3, 16, generator=gen),
                   timestep=torch.full((batch,), 0.5),
-                  position_ids=Krea2Pipeline.prepare_position_ids(TEXT, h, w, "cpu"))
+                  position_ids=Krea2Pipeline.prepare_position_ids(text, h, w, "cpu"))
     if mask:
-        inputs["encoder_attention_mask"] = torch.arange(TEXT)[None, :] < torch.tensor([TEXT, TEXT - 2])[:batch, None]
+        valid = torch.tensor([text, text - 2])[:batch] if valid is None else torch.full((batch,), valid)
+        inputs["encoder_attention_mask"] = torch.arange(text)[None, :] < valid[:, None]
     return inputs
 
 

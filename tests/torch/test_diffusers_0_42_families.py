@@ -58,27 +58,33 @@ def test_joyimage_text_to_image_latent_merges():
     assert seen.calls[0].blocks[0].tokens("attn") == [(16, 8)]
 
 
-def test_krea2_text_mask_is_refused_by_name_and_merge_attn_false_runs_with_it():
-    """Krea2Pipeline passes a text padding mask over [text, image]; the merged self-attention refuses it, naming
-    merge_attn=False, under which the MLP merges and the output is the host's own attention's."""
+def test_krea2_text_mask_is_sliced_to_the_merged_keys():
+    """Krea2Pipeline passes a text padding mask, joined by the root over [text, image] with the image's all True:
+    sliced to the merged image's keys (the first text + M entries), a prompt of 3 tokens padded with 3 masked ones
+    gives, merged, what the 3 tokens alone give (their position ids: the text's all at the origin)."""
+    _needs("Krea2Transformer2DModel")
+    model = D.krea2().eval()
+    padded = D.krea2_inputs(model, mask=True, text=6, valid=3)
+    short = _padded_and_short(padded, 3, "encoder_attention_mask")
+    short["position_ids"] = padded["position_ids"][3:]
+    _padded_equals_unpadded_under_tome(model, padded, short, [0])
+
+
+@pytest.mark.parametrize("option, cause", [(dict(mode="downsample", downsample_factor=2),
+                                            "attention_mask.*mode='merge'"),
+                                           (dict(ratio=0.5, proportional_attention=True),
+                                            "attention mask.*proportional_attention=False")])
+def test_what_krea2s_text_mask_rules_out_is_refused_by_name_at_the_masked_call(option, cause):
+    """mode='downsample' shrinks image keys at the dispatch, where the mask over every key would no longer fit; the
+    key weights of proportional attention cannot join a mask. Both run on unmasked calls (the family contract)."""
     _needs("Krea2Transformer2DModel")
     model = D.krea2()
-    inputs = D.krea2_inputs(model, mask=True)
-    base = D.run(model, inputs)
-    tomesd.apply_patch(model, ratio=0.5)
+    tomesd.apply_patch(model, **option)
     try:
-        with pytest.raises(ValueError, match="merge_attn=False"):
-            D.run(model, inputs)
+        with pytest.raises(ValueError, match=cause):
+            D.run(model, D.krea2_inputs(model, mask=True))
     finally:
         tomesd.remove_patch(model)
-    tomesd.apply_patch(model, ratio=0.5, merge_attn=False, merge_mlp=True)
-    try:
-        with tomesd.observe(model) as seen:
-            out = D.run(model, inputs)
-    finally:
-        tomesd.remove_patch(model)
-    assert seen.calls[0].blocks[0].tokens("mlp") == [(D.TEXT + 64, D.TEXT + 32)]
-    assert (out - base).abs().max() > 1e-2
 
 
 def _padded_and_short(inputs, valid, mask):

@@ -7,7 +7,7 @@ import functools
 from typing import Any, Tuple
 
 from . import guards
-from .kind_types import MASK_AXES, MASK_AXES_OR_REFUSED
+from .kind_types import MASK_AXES, MASK_AXES_OR_REFUSED, SLICED_MASKS
 from .kinds import BlockKind, Span, sublayer
 from .signatures import CONTEXT, MASK, TOKENS, InputSpec
 from .downsample_sites import CheckWeighed, DownsampleContext, DownsampleDispatch, DownsampleProjection
@@ -128,12 +128,12 @@ def install_merge(patch: Any, index: int, block: Any, kind: BlockKind) -> None:
         if weighs(patch, span.flag):
             _weigh_span(patch, index, block, span, start, ends)
         seat_span_cache(patch, index, span)
-    if kind.mask == "image_ones_first":  # after the merge site's own hooks, so it runs after them (key_masks.py)
+    if kind.mask in SLICED_MASKS:  # after the merge site's own hooks, so it runs after them (key_masks.py)
         flag = kind.sublayers[0].flag if kind.sublayers else kind.spans[0].flag  # the site of kind.self_attention
         attn = sublayer(block, kind.self_attention)
         if attn is not None and getattr(patch.args, flag):
             spec = InputSpec.find(attn, MASK + ("hidden_states_masks",), first_positional=False) or _mask_spec(attn)
-            around(patch, attn, MaskSlice(patch, index, flag, spec).pre, None)
+            around(patch, attn, MaskSlice(patch, index, flag, spec, kind.mask == "image_ones_first").pre, None)
 
 
 def _weigh_span(patch: Any, index: int, block: Any, span: Span, start: Any, ends: list) -> None:

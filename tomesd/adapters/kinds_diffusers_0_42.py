@@ -38,13 +38,16 @@ DIFFUSERS_0_42_KINDS: Tuple[BlockKind, ...] = (
     ),
     # Krea 2: one stream, [text, image] joined by the root. Its gated attention rotates queries and keys by rows
     # (cos, sin) [text + image, D] with diffusers' apply_rotary_emb on [B, S, heads, D] and calls the dispatch
-    # (per-sample rows there, keys shrinkable there: the image's last); its SwiGLU sees the joined sequence too.
+    # (per-sample rows there, keys shrinkable there: the image's last); its SwiGLU sees the joined sequence too. Its
+    # pipeline's text mask reaches the attention as the root's [B, 1, 1, text + image], ones over the image: sliced
+    # to the merged image's keys (the first text + M entries: every image entry is True, so the slice is exact).
     BlockKind(
         "Krea2TransformerBlock",
         sublayers=(Sublayer("attn", "merge_attn", tokens=("hidden_states",), rotary="image_rotary_emb",
                             rotates="cos_sin"),
                    Sublayer("ff", "merge_mlp", tokens=("hidden_states",))),
         downsample=(Downsample("attn", "dispatch"),),
+        mask="image_ones_last",
         module="diffusers.",
     ),
     # Flux.3: per-mode blocks (the image's see its tokens alone; the text's and the reference image's are this class

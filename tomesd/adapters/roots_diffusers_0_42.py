@@ -22,9 +22,9 @@ DIFFUSERS_0_42_ROOTS: Tuple[Dict[str, Any], ...] = (
          supported="the JoyImage Edit transformer (torch; its reference images' tokens pass whole)"),
     # Krea 2: the root joins [text, image] before its blocks and gives `position_ids` rows (t, h, w) for both; the
     # image's rows are the last (rows, cols) of a packed latent [B, N, C]. Its pipeline passes a text padding mask
-    # over [text, image] when prompts are padded: refused by the merged self-attention (merge_attn=False runs).
+    # for padded prompts, joined over [text, image]: sliced to the merged keys (the block kind's "image_ones_last").
     dict(family="Krea 2", classes=("Krea2Transformer2DModel",), layout="joint_ids", ids="position_ids",
-         supported="the Krea 2 transformer (torch; without an encoder_attention_mask)"),
+         supported="the Krea 2 transformer (torch)"),
     # Flux.3: a packed latent whose img_ids rows are (t, row, col, l), Flux.2's. Its text and its reference image run
     # through per-mode blocks of the image's class first (skipped: they hold no image token), then single blocks join
     # [text, image, reference]: the reference's tokens pass whole there (layouts_joined.CondIds).
