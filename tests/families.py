@@ -161,6 +161,11 @@ FAMILIES = {
                             (dict(frames=2, h=8, w=8), dict(frames=1, h=6, w=10)), merged_blocks=(0, 1),
                             root="HunyuanVideo", host_class="HunyuanVideoTransformer3DModel",
                             host_reads=F.hunyuan_video_host_reads()),
+    # Motif-Video: HunyuanVideo's blocks under its own names, with its text mask (its pipelines always pass one).
+    "motif-video": Family("motif-video", F.motif_video, F.motif_video_inputs, V.run,
+                          ("hidden_states", "timestep", "encoder_hidden_states", "encoder_attention_mask"), True,
+                          (dict(frames=2, h=8, w=8), dict(frames=1, h=6, w=10)), merged_blocks=(0, 1),
+                          root="Motif-Video", host_class="MotifVideoTransformer3DModel"),
     "framepack": Family("framepack", F.framepack, F.framepack_inputs, V.run,
                         ("hidden_states", "timestep", "encoder_hidden_states", "encoder_attention_mask",
                          "pooled_projections", "image_embeds", "guidance", "latents_clean", "latents_history_2x",

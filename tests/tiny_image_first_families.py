@@ -123,3 +123,29 @@ def hidream_inputs(model=None, batch=2, h=16, w=16, text=6, seed=1):
                 encoder_hidden_states_t5=torch.randn(batch, text, 8, generator=gen),
                 encoder_hidden_states_llama3=torch.randn(2, 1, text, 4, generator=gen).expand(2, batch, text, 4),
                 pooled_embeds=torch.randn(batch, 8, generator=gen))
+
+
+# ---- Motif-Video: HunyuanVideo's layout and blocks under its own names; latent [B, C, F, H, W] (the text-to-video
+# pipeline's latent with its condition channels), patch 1; diffusers' test config, which has an image embedding ----
+MOTIF_VIDEO = dict(in_channels=33, out_channels=16, num_attention_heads=2, attention_head_dim=12, num_layers=1,
+                   num_single_layers=1, num_decoder_layers=0, mlp_ratio=4.0, patch_size=1, patch_size_t=1,
+                   text_embed_dim=32, image_embed_dim=4, rope_axes_dim=(4, 4, 4))
+
+
+def motif_video(seed=0, **config):
+    from diffusers import MotifVideoTransformer3DModel
+
+    return randomize_(MotifVideoTransformer3DModel(**{**MOTIF_VIDEO, **config}), seed)
+
+
+def motif_video_inputs(model=None, batch=2, frames=2, h=8, w=8, text=6, valid=None, seed=1, image=False):
+    """As MotifVideoPipeline calls it; `valid`: how many prompt tokens the mask keeps (None: all); `image`: an
+    image-to-video call's image embedding (2 tokens, joined before the text by the root)."""
+    gen = torch.Generator().manual_seed(seed)
+    inputs = dict(hidden_states=torch.randn(batch, 33, frames, h, w, generator=gen),
+                  timestep=torch.full((batch,), 500.0),
+                  encoder_hidden_states=torch.randn(batch, text, 32, generator=gen),
+                  encoder_attention_mask=_text_mask(batch, text, valid))
+    if image:
+        inputs["image_embeds"] = torch.randn(batch, 2, 4, generator=gen)
+    return inputs

@@ -230,7 +230,7 @@ def test_helios_history_tokens_pass_whole_and_amplified_history_is_refused_by_na
 
 
 REFUSED = ["JoyImageEditPlusTransformer3DModel", "BriaFibo2Transformer2DModel", "WanAnimate2Transformer3DModel",
-           "Ideogram4Transformer2DModel", "MotifVideoTransformer3DModel",
+           "Ideogram4Transformer2DModel",
            "DreamLiteTransformer2DModel", "DreamLiteUNetModel", "Kandinsky5Transformer3DModel",
            "Kandinsky6Transformer3DModel", "Kandinsky6SRTransformer3DModel",
            "AnyFlowFARTransformer3DModel", "ErnieImageTransformer2DModel",

@@ -9,12 +9,14 @@ import torch
 import tomesd
 from families import FAMILIES, missing_host
 from tiny_image_first_families import (framepack, framepack_history, framepack_inputs, hidream, hidream_inputs,
-                                       hunyuan_image, hunyuan_image_inputs, hunyuan_video, hunyuan_video_inputs)
+                                       hunyuan_image, hunyuan_image_inputs, hunyuan_video, hunyuan_video_inputs,
+                                       motif_video, motif_video_inputs)
 from tiny_video_families import run
 
 TOL = 1e-5
 BUILDS = {"hunyuan-video": (hunyuan_video, hunyuan_video_inputs),
-          "hunyuan-image": (hunyuan_image, hunyuan_image_inputs), "framepack": (framepack, framepack_inputs)}
+          "hunyuan-image": (hunyuan_image, hunyuan_image_inputs), "framepack": (framepack, framepack_inputs),
+          "motif-video": (motif_video, motif_video_inputs)}
 
 
 def _skip_without(name):
@@ -179,3 +181,68 @@ def test_restore_tokens_keeps_no_residual_for_the_tokens_after_the_image(name, i
     assert joined  # sites whose output holds more than the image
     for spread in joined:
         assert (spread[:, image:] == 0).all() and (spread[:, :image].abs().amax() > 1e-3)
+
+
+def test_motif_videos_decoder_blocks_merge_its_stream_and_pass_the_encoders_tokens_whole():
+    """Motif-Video's decoder blocks (num_decoder_layers) are single blocks joining [decoder stream, encoder's output]
+    with no mask: the decoder stream (the block's own input) merges, the encoder's output tokens, in the place of the
+    text, reach the attention exactly as the block's norm made them."""
+    _skip_without("motif-video")
+    model = motif_video(num_single_layers=2, num_decoder_layers=1)
+    decoder = model.single_transformer_blocks[1]
+    made, given = [], []
+    hooks = [decoder.norm.register_forward_hook(lambda m, a, out: made.append(out[0])),
+             decoder.attn.to_q.register_forward_pre_hook(lambda m, a: given.append(a[0]))]
+    tomesd.apply_patch(model, ratio=0.5)  # after the test's hooks: they see the norm's output before ToMe merges
+    try:
+        with tomesd.observe(model) as seen:
+            run(model, motif_video_inputs(model))
+    finally:
+        tomesd.remove_patch(model)
+        for hook in hooks:
+            hook.remove()
+    tokens = 2 * 8 * 8
+    assert seen.calls[0].merged_blocks("attn") == [0, 1, 2]
+    assert made[0].shape[1] == 2 * tokens and given[0].shape[1] < 2 * tokens  # the decoder stream merged
+    assert torch.equal(given[0][:, -tokens:], made[0][:, -tokens:])
+
+
+def test_motif_videos_single_block_text_cross_attention_is_refused_by_name_and_merge_attn_false_runs():
+    """Built with enable_text_cross_attention_single=True, a single block's text cross-attention takes the joint
+    attention's output, merged inside the span, with the unmerged rotary rows (a shape error without the refusal):
+    refused at apply time, naming merge_attn=False, under which the double block's feed-forward merges."""
+    _skip_without("motif-video")
+    model = motif_video(enable_text_cross_attention_single=True)
+    with pytest.raises(ValueError, match="enable_text_cross_attention_single=True.*merge_attn=False"):
+        tomesd.apply_patch(model, ratio=0.5)
+    assert not model._forward_pre_hooks
+    inputs = motif_video_inputs(model)
+    base = run(model, inputs)
+    tomesd.apply_patch(model, ratio=0.5, merge_attn=False, merge_mlp=True)
+    try:
+        with tomesd.observe(model) as seen:
+            out = run(model, inputs)
+    finally:
+        tomesd.remove_patch(model)
+    assert seen.calls[0].merged_blocks("mlp") == [0]
+    assert (out - base).abs().max().item() > 1000 * TOL
+
+
+@pytest.mark.parametrize("config", [{}, dict(enable_text_cross_attention_dual=True)])
+def test_motif_videos_image_to_video_call_and_double_block_cross_attention_keep_a_padded_prompt_exact(config):
+    """Motif-Video's image-to-video call joins its image embedding before the text (under ones in the mask), and a
+    double block's optional text cross-attention takes the joint attention's unmerged output: a padded prompt still
+    gives, merged, what the unpadded one gives."""
+    _skip_without("motif-video")
+    model = motif_video(**config).eval()
+    padded = motif_video_inputs(model, text=6, valid=3, image=True)
+    short = dict(padded, encoder_hidden_states=padded["encoder_hidden_states"][:, :3],
+                 encoder_attention_mask=padded["encoder_attention_mask"][:, :3])
+    base = run(model, short)
+    tomesd.apply_patch(model, ratio=0.5)
+    try:
+        merged_short, merged_padded = run(model, short), run(model, padded)
+    finally:
+        tomesd.remove_patch(model)
+    assert (merged_short - base).abs().max().item() > 1000 * TOL
+    torch.testing.assert_close(merged_padded, merged_short, atol=TOL, rtol=TOL)

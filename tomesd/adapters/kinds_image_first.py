@@ -1,8 +1,8 @@
 """Block kinds of diffusers' transformers whose joint attention puts the image before the text, [image, text], under a
 key-padding mask the root builds over both (BlockKind.mask "image_ones_first"): HunyuanVideo (text-to-video, and
-Framepack's blocks, which are its classes) and HunyuanImage 2.1. Each has double-stream blocks (image and text enter
-apart; the joint attention returns (image, text)) and single-stream blocks that join [image, text] inside their
-forward (a Span with image_first)."""
+Framepack's blocks, which are its classes), HunyuanImage 2.1 and Motif-Video (HunyuanVideo's under its own names).
+Each has double-stream blocks (image and text enter apart; the joint attention returns (image, text)) and
+single-stream blocks that join [image, text] inside their forward (a Span with image_first)."""
 from __future__ import annotations
 
 from typing import Tuple
@@ -71,4 +71,8 @@ IMAGE_FIRST_KINDS: Tuple[BlockKind, ...] = (
     # frame's tokens (the condition image) apart by num_tokens on every token, around the sites, and the layout passes
     # that frame whole (layouts_image_first.py), so each split by num_tokens meets full-length tokens.
     _double("HunyuanVideoTokenReplaceTransformerBlock"), _single("HunyuanVideoTokenReplaceSingleTransformerBlock"),
+    # Motif-Video's: HunyuanVideo's blocks under its own names (the same sub-layers, processor and root mask), with
+    # an optional text cross-attention after the joint one. The double block's takes the joint attention's output,
+    # unmerged, whole; the single block's would take it merged (refused at apply time: layouts_image_first.py).
+    _double("MotifVideoTransformerBlock"), _single("MotifVideoSingleTransformerBlock"),
 )

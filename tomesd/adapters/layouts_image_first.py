@@ -5,6 +5,9 @@ in layouts.STRATEGIES as this module is imported:
   image-to-video model built with image_condition_type="token_replace" runs other blocks, which give the first
   frame's tokens (the clean condition image) their own modulation by `num_tokens`: that frame passes whole (a head,
   as below) and the frames after it merge.
+- "motif_video": Motif-Video's: HunyuanVideo's grid, no condition frame (its image-to-video pipeline joins the image
+  embedding to the text, and the condition latent along the channels). Refused at apply time when its single blocks
+  have a text cross-attention, which rotates the span's merged queries by the unmerged rows.
 - "framepack": HunyuanVideo Framepack's: the target's latent gives the grid, and the history's tokens, joined before
   the target's in each block's input, pass whole (TokenMerge.with_passing_head).
 - "image_first": HiDream-I1's latent [B, C, H, W], patchified row by row inside, whose tokens come first in every
@@ -53,6 +56,24 @@ def _hunyuan_video(root: Any, kind: RootKind, xp: Any) -> Layout:
     return Levels(root, kind, xp) if patch is None else HeadGrid(root, kind, xp, patch, first)
 
 
+class MotifGrid(HeadGrid):
+    def __init__(self, root: Any, kind: RootKind, xp: Any, patch: Tuple[int, int, int]) -> None:
+        super().__init__(root, kind, xp, patch, 0)
+        self.single_cross = bool(_config(root, "enable_text_cross_attention_single"))
+
+    def validate(self, patch: Any) -> None:
+        if self.single_cross and patch.args.merge_attn:
+            raise ValueError(
+                f"ToMe cannot merge the single blocks of {self.model} built with enable_text_cross_attention_single="
+                f"True: their text cross-attention takes the merged joint attention's output with the unmerged rotary "
+                f"rows; call apply_patch with merge_attn=False (the double blocks' feed-forward merges)")
+
+
+def _motif_video(root: Any, kind: RootKind, xp: Any) -> Layout:
+    patch = _spacetime_patch(root)
+    return Levels(root, kind, xp) if patch is None else MotifGrid(root, kind, xp, patch)
+
+
 def _framepack(root: Any, kind: RootKind, xp: Any) -> Layout:
     patch = _spacetime_patch(root)
     return Levels(root, kind, xp) if patch is None else HeadGrid(root, kind, xp, patch, 0)
@@ -96,3 +117,4 @@ STRATEGIES["hunyuan_video"] = _hunyuan_video
 STRATEGIES["image_first"] = _image_first_grid
 STRATEGIES["patch_axes"] = _patch_axes
 STRATEGIES["framepack"] = _framepack
+STRATEGIES["motif_video"] = _motif_video

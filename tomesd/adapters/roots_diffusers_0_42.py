@@ -4,8 +4,9 @@ patchified SD3-style latent). Kept apart from roots.py so that families added at
 
 Merging, on layouts_joined.py's variants of the layouts ToMe has: JoyImage Edit ("items": its multi-item latent's
 target first, the reference images after it passing whole), Krea 2 ("joint_ids": rotary ids over [text, image]),
-Flux.3 ("ids_cond"), Helios ("history"); and on layouts as they are: NucleusMoE-Image ("packed"), AnyFlow
-("spacetime"). Refused by name at apply time: layouts the runtime does not merge yet, each with its cause.
+Flux.3 ("ids_cond"), Helios ("history"); Motif-Video on layouts_image_first.py's "motif_video" (HunyuanVideo's); and
+on layouts as they are: NucleusMoE-Image ("packed"), AnyFlow ("spacetime"). Refused by name at apply time: layouts
+the runtime does not merge yet, each with its cause.
 """
 from __future__ import annotations
 
@@ -45,6 +46,11 @@ DIFFUSERS_0_42_ROOTS: Tuple[Dict[str, Any], ...] = (
     # the merged image's keys (the block kind's mask "image_ones_first").
     dict(family="NucleusMoE-Image", classes=("NucleusMoEImageTransformer2DModel",), layout="packed",
          grid_args=("img_shapes",), supported="the NucleusMoE-Image transformer (torch)"),
+    # Motif-Video: HunyuanVideo's latent [B, C, F, H, W] on Wan's grid and its blocks under other names
+    # (kinds_image_first.py): [image, text] joined, image first, under the root's mask over both, all True over the
+    # image. Its image-to-video pipeline's image embedding joins the text (passing whole).
+    dict(family="Motif-Video", classes=("MotifVideoTransformer3DModel",), layout="motif_video", frame_axis=2,
+         supported="the Motif-Video transformer (torch; merge mode)"),
     # Refused: each a layout the runtime lacks (docs/limits.md).
     dict(family="JoyImage Edit Plus", classes=("JoyImageEditPlusTransformer3DModel",), layout="levels",
          refused=f"a transformer over padded patch lists whose mask marks padded patches, {_NOT_YET} "
@@ -59,9 +65,6 @@ DIFFUSERS_0_42_ROOTS: Tuple[Dict[str, Any], ...] = (
     dict(family="Ideogram 4", classes=("Ideogram4Transformer2DModel",), layout="levels",
          refused=f"a packed sequence whose text and image tokens are told apart by a per-token indicator tensor under "
                  f"a segment mask, {_NOT_YET}; {_RUN}"),
-    dict(family="Motif-Video", classes=("MotifVideoTransformer3DModel",), layout="levels",
-         refused=f"a HunyuanVideo-style transformer (single blocks over [image, text], a mask over both), {_NOT_YET}; "
-                 f"{_RUN}"),
     dict(family="DreamLite", classes=("DreamLiteTransformer2DModel", "DreamLiteUNetModel"), layout="levels",
          refused=f"a UNet whose finest levels, where ToMe's level rule merges, have no self-attention "
                  f"(BasicTransformerBlockDreamLite without attn1), {_NOT_YET}; {_RUN}"),
