@@ -33,8 +33,8 @@ demo: $(TORCH_ENV)/.ready
 test: test-core test-torch test-paddle
 
 # (a) and (b) run on two pytest-xdist workers, a file per worker at a time (--dist loadfile: a file's shared models
-# are built once), one compute thread each (tests/conftest.py). On this 2-core machine, fixed order, quiet: (a) 8:37,
-# (b) 5:01 (docs/tests.md, "The suite's time"). Tests run in a fixed order where pytest-randomly is not installed (CI).
+# are built once), one compute thread each (tests/conftest.py). On this 2-core machine, fixed order, quiet: (a) 7:23,
+# (b) 3:41 (docs/tests.md, "The suite's time"). Tests run in a fixed order where pytest-randomly is not installed (CI).
 
 # (0) the framework-free core alone: tome_core's tests with NumPy (the reference backend, tests/numpy_backend.py)
 #     and pytest, nothing else. The same tests run on torch and paddle as well in (a) and (b).
