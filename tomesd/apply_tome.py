@@ -13,7 +13,7 @@ import importlib.util
 import inspect
 import sys
 import threading
-from typing import Any, Iterator, List, Optional, Tuple, Union
+from typing import Any, Iterator, List, Tuple, Union
 
 from .adapters import targets
 from .patch import apply_patch, resolve

@@ -21,7 +21,7 @@ import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 # The bench's denoisers to which diffusers gives a context-parallel plan.
 PLANNED = ("FluxTransformer2DModel", "WanTransformer3DModel")
