@@ -64,3 +64,90 @@ def test_a_padded_prompt_gives_the_unpadded_prompts_output_under_tome(name):
 def test_downsample_is_refused_by_name():
     with pytest.raises(ValueError, match="HunyuanVideo15TransformerBlock.*mode='merge'"):
         tomesd.apply_patch(_model("hunyuan_video15"), mode="downsample")
+
+
+# Self-attention given a mask over [text, image] whose image part is all True, sliced to the merged image: Chroma's
+# key-padding mask (ChromaPipeline._prepare_attention_mask: [text mask, ones for the image]), which each block squares
+# into (query, key) pairs [B, 1, S, S] before its attention (BlockKind.mask "pairs_image_ones_last"), and Bria FIBO's
+# [B, 1, 1, text + image] given in joint_attention_kwargs ("image_ones_last").
+def _chroma(valid):
+    from tiny_transformers import chroma_inputs
+
+    padded = chroma_inputs(text=6, mask=True)
+    padded["attention_mask"][:, valid:6] = False
+    mask = padded["attention_mask"]
+    return padded, dict(padded, encoder_hidden_states=padded["encoder_hidden_states"][:, :valid],
+                        txt_ids=padded["txt_ids"][:valid], attention_mask=torch.cat([mask[:, :valid], mask[:, 6:]], 1))
+
+
+def _bria_fibo(valid):
+    from tiny_image_families import TEXT, bria_fibo_inputs
+
+    padded = bria_fibo_inputs()
+    mask = torch.ones(2, 1, 1, padded["hidden_states"].shape[1] + TEXT, dtype=torch.bool)
+    mask[..., valid:TEXT] = False
+    padded["joint_attention_kwargs"] = dict(attention_mask=mask)
+    short = dict(padded, encoder_hidden_states=padded["encoder_hidden_states"][:, :valid],
+                 text_encoder_layers=tuple(layer[:, :valid] for layer in padded["text_encoder_layers"]),
+                 txt_ids=padded["txt_ids"][:valid])
+    short["joint_attention_kwargs"] = dict(attention_mask=torch.cat([mask[..., :valid], mask[..., TEXT:]], -1))
+    return padded, short
+
+
+def _chroma_model():
+    from tiny_transformers import chroma
+
+    return chroma()
+
+
+def _bria_fibo_model():
+    from tiny_image_families import bria_fibo
+
+    return bria_fibo()
+
+
+# family: (its tiny model, (padded inputs, the same prompt unpadded), the blocks merged).
+SLICED = {"chroma": (_chroma_model, _chroma, [0, 1, 2, 3]), "bria-fibo": (_bria_fibo_model, _bria_fibo, [0, 1])}
+
+
+def _sliced_model(name):
+    reason = missing_host(FAMILIES[name])
+    if reason:
+        pytest.skip(reason)
+    return SLICED[name][0]().eval()
+
+
+@pytest.mark.parametrize("name", sorted(SLICED))
+def test_a_padded_prompt_under_a_mask_over_text_and_image_gives_the_unpadded_prompts_output(name):
+    """3 prompt tokens and masked padding tokens after them give, merged, what the 3 tokens alone give: the mask's
+    image part (rows and columns alike) is sliced to the merged image, exactly."""
+    model = _sliced_model(name)
+    padded, short = SLICED[name][1](3)
+    base = run(model, short)
+    torch.testing.assert_close(run(model, padded), base, atol=TOL, rtol=TOL)  # the host's own masking
+    tomesd.apply_patch(model, ratio=0.5)
+    try:
+        with tomesd.observe(model) as seen:
+            merged_short = run(model, short)
+        merged_padded = run(model, padded)
+    finally:
+        tomesd.remove_patch(model)
+    assert seen.calls[0].merged_blocks("attn") == SLICED[name][2]
+    assert (merged_short - base).abs().max().item() > 1000 * TOL  # ToMe changed the output
+    torch.testing.assert_close(merged_padded, merged_short, atol=TOL, rtol=TOL)
+
+
+@pytest.mark.parametrize("name", sorted(SLICED))
+@pytest.mark.parametrize("option, cause", [(dict(mode="downsample", downsample_factor=2), "attention_mask.*'merge'"),
+                                           (dict(ratio=0.5, proportional_attention=True),
+                                            "attention mask.*proportional_attention=False")])
+def test_what_a_sliced_mask_rules_out_is_refused_by_name_at_the_masked_call(name, option, cause):
+    """mode='downsample' shrinks the image keys at the dispatch, where the mask over every key no longer fits; the
+    key weights of proportional attention cannot join a mask. Both run on unmasked calls (the family contract)."""
+    model = _sliced_model(name)
+    tomesd.apply_patch(model, **option)
+    try:
+        with pytest.raises(ValueError, match=cause):
+            run(model, SLICED[name][1](3)[0])
+    finally:
+        tomesd.remove_patch(model)

@@ -133,7 +133,8 @@ def install_merge(patch: Any, index: int, block: Any, kind: BlockKind) -> None:
         attn = sublayer(block, kind.self_attention)
         if attn is not None and getattr(patch.args, flag):
             spec = InputSpec.find(attn, MASK + ("hidden_states_masks",), first_positional=False) or _mask_spec(attn)
-            around(patch, attn, MaskSlice(patch, index, flag, spec, kind.mask == "image_ones_first").pre, None)
+            image_first, axes = SLICED_MASKS[kind.mask]
+            around(patch, attn, MaskSlice(patch, index, flag, spec, image_first, axes).pre, None)
 
 
 def _weigh_span(patch: Any, index: int, block: Any, span: Span, start: Any, ends: list) -> None:

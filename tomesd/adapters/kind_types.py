@@ -71,9 +71,10 @@ MASK_AXES = {"tokens": (-1,), "pairs": (-2, -1)}
 # The BlockKind.mask values whose merge site sees the mask: refused ("") or followed; "text" and "image_ones_first"
 # masks fit the merged tokens as they come or are sliced by their own site (key_masks.MaskSlice).
 MASK_AXES_OR_REFUSED = ("",) + tuple(MASK_AXES)
-# The BlockKind.mask values of key-padding masks over a joined [image, text] / [text, image] whose image part is all
-# True: sliced to the merged image (key_masks.MaskSlice).
-SLICED_MASKS = ("image_ones_first", "image_ones_last")
+# The BlockKind.mask values of masks over a joined [image, text] / [text, image] whose image part is all True,
+# sliced to the merged image (key_masks.MaskSlice): whether the image leads, and how many trailing axes are keys
+# (1) or (query, key) pairs (2: Chroma's blocks square its key-padding mask into [B, 1, S, S] themselves).
+SLICED_MASKS = {"image_ones_first": (True, 1), "image_ones_last": (False, 1), "pairs_image_ones_last": (False, 2)}
 
 
 @dataclass(frozen=True)
@@ -111,8 +112,11 @@ class BlockKind:
     # the joined [image, text] keys whose image part is all True (HunyuanVideo's, built by the root), so merging N
     # image tokens into M keeps its last M + text entries (a view; key_masks.MaskSlice), exactly; "image_ones_last":
     # the same over [text, image] keys, the image's last (Krea 2's [B, 1, 1, text + image]): its first text + M
-    # entries are kept; "tokens": a key-padding mask [B, S] over every token of a unified sequence
-    # (layouts_unified.py), whose merged rows keep their representative's entry; "pairs": a mask [B, 1, S, S] over every (query, key) pair whose image rows are
+    # entries are kept; "pairs_image_ones_last": a mask [B, 1, S, S] over the (query, key) pairs of [text, image],
+    # the outer product of a key-padding mask whose image part is all True (Chroma's blocks build it), so its image
+    # rows are alike and its image columns alike: its first text + M rows and columns are kept; "tokens": a
+    # key-padding mask [B, S] over every token of a unified sequence (layouts_unified.py), whose merged rows keep
+    # their representative's entry; "pairs": a mask [B, 1, S, S] over every (query, key) pair whose image rows are
     # alike and image columns alike (OmniGen's), both axes so.
     mask: str = ""
     # Where the block's class is defined (a module prefix; "": anywhere): ComfyUI's QwenImageTransformerBlock shares

@@ -21,7 +21,7 @@ __all__ = ["BLOCK_KINDS", "KNOWN_BLOCKS", "ROTATIONS", "BlockKind", "Downsample"
            "in_temporal_container", "sublayer"]
 
 
-def _flux_double(name: str) -> BlockKind:
+def _flux_double(name: str, mask: str = "") -> BlockKind:
     """A Flux-derived double-stream block: its `attn` joint attention over [text, image], given the image as
     hidden_states and the per-token rows [text + image, D], returns (image, text); its processor rotates with
     diffusers' apply_rotary_emb and calls the dispatch (so mode='downsample' and per-sample rows work there)."""
@@ -30,11 +30,11 @@ def _flux_double(name: str) -> BlockKind:
         sublayers=(Sublayer("attn", "merge_attn", tokens=("hidden_states",), outputs=(0,), rotary="image_rotary_emb",
                             rotates="cos_sin"),
                    Sublayer("ff", "merge_mlp")),
-        downsample=(Downsample("attn", "dispatch"),),
+        downsample=(Downsample("attn", "dispatch"),), mask=mask,
     )
 
 
-def _flux_single(name: str) -> BlockKind:
+def _flux_single(name: str, mask: str = "") -> BlockKind:
     """A Flux-derived single-stream block over [text, image] joined: norm -> (attn, proj_mlp) -> proj_out, as
     FluxSingleTransformerBlock (the MLP's gate and activation in between act on each token alone)."""
     return BlockKind(
@@ -42,7 +42,7 @@ def _flux_single(name: str) -> BlockKind:
         sublayers=(),
         downsample=(Downsample("attn", "dispatch"),),
         spans=(Span("norm", 0, ("proj_out",), "merge_attn", attention="attn", rotary_at="attn", rotates="cos_sin",
-                    attention_call="attn"),),
+                    attention_call="attn"),), mask=mask,
     )
 
 
@@ -124,12 +124,15 @@ BLOCK_KINDS: Dict[str, BlockKind] = {
                 "(and rotates the image keys after), so no seam takes image keys alone; use mode='merge'"),
         ),
         # Chroma: Flux's blocks under other class names (its norms are pruned: modulation comes from the root).
+        # ChromaPipeline's text mask, [text mask, ones for the image], is squared by each block into (query, key)
+        # pairs [B, 1, S, S] for its attention: sliced there, both axes, to the first text + M (kind_types.py).
         BlockKind(
             "ChromaTransformerBlock",
             sublayers=(Sublayer("attn", "merge_attn", tokens=("hidden_states",), outputs=(0, 2),
                                 rotary="image_rotary_emb", rotates="cos_sin"),
                        Sublayer("ff", "merge_mlp")),
             downsample=(Downsample("attn", "dispatch"),),
+            mask="pairs_image_ones_last",
         ),
         BlockKind(
             "ChromaSingleTransformerBlock",
@@ -137,12 +140,14 @@ BLOCK_KINDS: Dict[str, BlockKind] = {
             downsample=(Downsample("attn", "dispatch"),),
             spans=(Span("norm", 0, ("proj_out",), "merge_attn", attention="attn", rotary_at="attn", rotates="cos_sin",
                         attention_call="attn"),),
+            mask="pairs_image_ones_last",
         ),
-        # Bria, Bria FIBO, LongCat-Image, Ovis-Image (diffusers): Flux's blocks under their own classes and
-        # processors (no IP-Adapter output). Bria FIBO's single blocks get [text, image] joined by the root, and
-        # their `attn` is diffusers' Attention running Bria's processor; Ovis-Image's MLPs are gated (SwiGLU).
+        # Bria, Bria FIBO, LongCat-Image, Ovis-Image (diffusers): Flux's blocks and processors under their own names.
+        # Bria FIBO's single blocks get [text, image] joined by the root; its pipeline's text mask reaches every `attn`
+        # as [B, 1, 1, text + image], ones over the image (sliced: "image_ones_last"); Ovis-Image's MLPs are gated.
         _flux_double("BriaTransformerBlock"), _flux_single("BriaSingleTransformerBlock"),
-        _flux_double("BriaFiboTransformerBlock"), _flux_single("BriaFiboSingleTransformerBlock"),
+        _flux_double("BriaFiboTransformerBlock", "image_ones_last"),
+        _flux_single("BriaFiboSingleTransformerBlock", "image_ones_last"),
         _flux_double("LongCatImageTransformerBlock"), _flux_single("LongCatImageSingleTransformerBlock"),
         _flux_double("OvisImageTransformerBlock"), _flux_single("OvisImageSingleTransformerBlock"),
         # Flux.2 double-stream blocks: as Flux's (joint attention over [text, image], rows [text + image, D]).
