@@ -57,9 +57,10 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
              joined_references=("FluxKontextPipeline", "FluxKontextInpaintPipeline"),
              supported="a Flux transformer or ControlNet (torch)"),
     # Chroma: Flux's layout (packed latent, img_ids rows (0, row, col)) under its own class, whose name would
-    # otherwise end with "Transformer2DModel" and read as a patchified latent.
+    # otherwise end with "Transformer2DModel" and read as a patchified latent. ChromaPipeline's text mask is sliced
+    # by its block kinds ("pairs_image_ones_last").
     RootKind("Chroma", ("ChromaTransformer2DModel",), "ids", ids="img_ids",
-             supported="the Chroma transformer (torch; without an attention_mask)"),
+             supported="the Chroma transformer (torch)"),
     # Flux.2: a packed latent whose img_ids rows are (t=0, row, col, l=0); Flux2Pipeline, Flux2KleinPipeline and
     # Flux2KleinInpaintPipeline join reference (or condition) image tokens after the target's, as Flux Kontext does.
     RootKind("Flux.2", ("Flux2Transformer2DModel",), "ids", ids="img_ids",
@@ -67,13 +68,13 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
              supported="the Flux.2 transformer (torch)"),
     # Flux's layout under other classes (diffusers): Flux-derived double- and single-stream blocks over a packed
     # latent whose img_ids rows are (modality, row, col). Bria FIBO's pipelines pass a text padding mask whenever
-    # the prompts are padded (with guidance, nearly always), which ToMe's merged self-attention refuses; its edit
+    # the prompts are padded (with guidance, nearly always): sliced by its block kinds ("image_ones_last"); its edit
     # pipeline, and LongCat-Image's (whose ids start at (512, 512), or at the prompt's length when editing), join
     # the reference image's tokens after the target's, their latents returned first by prepare_latents.
     RootKind("Bria", ("BriaTransformer2DModel",), "ids", ids="img_ids", supported="the Bria transformer (torch)"),
     RootKind("Bria FIBO", ("BriaFiboTransformer2DModel",), "ids", ids="img_ids",
              joined_references=("BriaFiboEditPipeline",),
-             supported="the Bria FIBO transformer (torch; without an attention_mask)"),
+             supported="the Bria FIBO transformer (torch)"),
     RootKind("LongCat-Image", ("LongCatImageTransformer2DModel",), "ids", ids="img_ids",
              joined_references=("LongCatImageEditPipeline",), supported="the LongCat-Image transformer (torch)"),
     RootKind("Ovis-Image", ("OvisImageTransformer2DModel",), "ids", ids="img_ids",
