@@ -152,3 +152,22 @@ def around_the_patch(modules, patch, run, output=False):
         for m in modules:
             torch_links.unseat(m, lambda o: o is owner)
     return seen["before"], seen["after"]
+
+
+def assert_padding_changes_nothing_under_tome(model, run, padded, short, merged_blocks, tol=1e-5):
+    """A padded prompt (masked padding after the prompt's tokens) gives, merged, what the prompt alone gives,
+    while ToMe itself changes the output by far more than `tol`; `merged_blocks` are the blocks whose attention
+    merged. The patch is removed however the check ends."""
+    import tomesd
+
+    base = run(model, short)
+    tomesd.apply_patch(model, ratio=0.5)
+    try:
+        with tomesd.observe(model) as seen:
+            merged_short = run(model, short)
+        merged_padded = run(model, padded)
+    finally:
+        tomesd.remove_patch(model)
+    assert seen.calls[0].merged_blocks("attn") == list(merged_blocks)
+    assert (merged_short - base).abs().max().item() > 1000 * tol  # ToMe changed the output
+    torch.testing.assert_close(merged_padded, merged_short, atol=tol, rtol=tol)
