@@ -107,11 +107,8 @@ def test_seed_and_later_arguments_are_refused_by_position(paddle_unet, inputs):
       "config must be a tomesd.ToMeConfig or tomesd.ToDoConfig, got dict"),
      (lambda u: u.apply_tome(0.5, ratio=0.5), TypeError, r"apply_tome\(\) got multiple values for argument 'ratio'"),
      (lambda u: u.apply_tome(rate=0.5), TypeError, r"apply_tome\(\) got an unexpected keyword argument 'rate'"),
-     (lambda u: u.apply_tome(config=ToMeConfig(ratio=0.8)), ValueError, "The tome ratio must be less than 0.75"),
-     (lambda u: u.apply_tome(0.5, proportional_attention=True), ValueError,
-      "proportional_attention weighs merged keys inside torch's scaled_dot_product_attention.*proportional_attention=False")],
-    ids=["config+ratio", "config+seed+mode", "apply_patch-config+sx", "wrong-type", "twice", "unknown", "limit",
-         "proportional"],
+     (lambda u: u.apply_tome(config=ToMeConfig(ratio=0.8)), ValueError, "The tome ratio must be less than 0.75")],
+    ids=["config+ratio", "config+seed+mode", "apply_patch-config+sx", "wrong-type", "twice", "unknown", "limit"],
 )
 def test_refusals_leave_the_layer_untouched(paddle_unet, inputs, call, error, message):
     base = forward(paddle_unet, inputs)

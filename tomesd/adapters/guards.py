@@ -135,9 +135,6 @@ def validate(patch: Any) -> None:
             f"blocks chooses blocks of a diffusion transformer by index; {name} is a UNet, whose blocks "
             f"are chosen by max_downsample"
         )
-    if args.proportional_attention and getattr(patch.host, "key_weight_seam", None) is None:
-        raise ValueError(f"proportional_attention weighs merged keys inside torch's scaled_dot_product_attention, and "
-                         f"{name} runs on another framework here; apply_patch with proportional_attention=False")
     if args.proportional_attention:
         for block, kind in zip(patch.blocks, patch.kinds):
             if kind.no_weights:

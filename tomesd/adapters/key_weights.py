@@ -20,7 +20,7 @@ def weighs(patch: Any, flag: str) -> bool:
 
 
 def open_key_seam(patch: Any) -> None:
-    if patch.key_seam is None:  # guards.validate refused hosts with no such seam
+    if patch.key_seam is None:  # each host has one: torch_sdpa.py, paddle_sdpa.py
         patch.key_seam = patch.host.key_weight_seam()
         patch.key_seam.open(patch)
 

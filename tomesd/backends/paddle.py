@@ -7,6 +7,8 @@ from typing import Any, Callable, Iterator, Sequence, Tuple
 
 import paddle
 
+from . import paddle_sdpa
+
 try:
     from paddle.base.dygraph.base import in_to_static_mode
 except ImportError:  # pragma: no cover - moved in some paddle release
@@ -195,6 +197,14 @@ class PaddleHost:
         if in_to_static_mode() or not paddle.in_dynamic_mode():
             raise RuntimeError(_NO_AST)
         return False
+
+    def key_weight_seam(self) -> Any:
+        """ppdiffusers' attention functions, where proportional attention weighs merged keys (paddle_sdpa.py)."""
+        return paddle_sdpa.PADDLE_SDPA_SEAM
+
+    def key_weights(self, inv_counts: paddle.Tensor, image_keys_first: bool, uniform: bool = False) -> Any:
+        """One attention's weights: log of each merged row's token count ([B, M, 1] inverse counts)."""
+        return paddle_sdpa.PaddleKeyWeights(-paddle.log(inv_counts[..., 0]), image_keys_first, uniform)
 
     def on_local_tokens(self, fn: Callable[[Any], Any], x: Any) -> Any:
         return fn(x)  # no distributed tensors reach a ppdiffusers denoiser's layers

@@ -1,0 +1,108 @@
+"""What the hosts' seams share (torch_dispatch.py: diffusers' attention dispatch; torch_sdpa.py: torch's
+scaled_dot_product_attention; paddle_sdpa.py: ppdiffusers' attention functions): a function of the host wrapped
+while some patch uses it, and one attention call's arming of the wrapper. Framework-free: a host's seam says how it
+knows that a graph compiler traces (`_compiling`).
+
+The patches using a seam are held by weak reference: a patched model's copy dropped without remove_patch stops
+counting when it is collected, so the wrapper still goes with the last user. The armed slot is per thread in
+eager mode and a plain attribute while a graph compiler traces (thread-locals break graphs), as calls.py keeps
+calls.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any, Callable, Dict, Optional
+
+
+class Arming:
+    """One attention call's rewrite, and how many calls of the wrapped function are still to take it."""
+
+    __slots__ = ("rewrite", "left")
+
+    def __init__(self, rewrite: Callable, uses: int = 1) -> None:
+        self.rewrite, self.left = rewrite, uses
+
+    def take(self) -> bool:
+        """Whether this call takes the arming (and one fewer call is left to)."""
+        if self.left <= 0:
+            return False
+        self.left -= 1
+        return True
+
+
+class _ThreadSlot(threading.local):
+    def __init__(self) -> None:
+        self.armed: Optional[Arming] = None
+
+
+class Seam:
+    """A wrapped host function of this process, shared by every patch that uses it. Subclasses say how the
+    function is wrapped (`_wrap`, at the first user) and unwrapped (`_unwrap`, after the last)."""
+
+    def __init__(self) -> None:
+        self._thread = _ThreadSlot()
+        self._traced: Optional[Arming] = None
+        self._users: Dict[int, "weakref.ref[Any]"] = {}
+
+    def _wrap(self) -> None:
+        raise NotImplementedError
+
+    def _compiling(self) -> bool:
+        """Whether a graph compiler traces this call (its armed slot is then a plain attribute)."""
+        raise NotImplementedError
+
+    def _unwrap(self) -> None:
+        raise NotImplementedError
+
+    # ---- users ----
+    def open(self, user: Any) -> None:
+        """`user` (a patch) starts to use the seam: wrap (on the first user)."""
+        key = id(user)
+        if key in self._users:
+            return
+        first = not self._users
+        self._users[key] = weakref.ref(user, lambda _, key=key: self._release(key))
+        if first:
+            self._wrap()
+
+    def close(self, user: Any) -> None:
+        """`user` is done with the seam: the last one unwraps."""
+        self._release(id(user))
+
+    def _release(self, key: int) -> None:
+        if self._users.pop(key, None) is None or self._users:
+            return
+        self._unwrap()
+        self.clear()
+
+    @property
+    def in_use(self) -> bool:
+        return bool(self._users)
+
+    # ---- one attention call ----
+    def arm(self, rewrite: Callable, uses: int = 1) -> None:
+        arming = Arming(rewrite, uses)
+        if self._compiling():
+            self._traced = arming
+        else:
+            self._thread.armed = arming
+
+    def disarm(self) -> bool:
+        """Clear this call's arming; whether the calls it was for took it."""
+        arming = self._take_slot()
+        return arming is None or arming.left == 0
+
+    def clear(self) -> None:
+        """Drop an arming left by an attention call that raised (the root's exit calls this)."""
+        self._take_slot()
+
+    def _take_slot(self) -> Optional[Arming]:
+        if self._compiling():
+            arming, self._traced = self._traced, None
+        else:
+            arming, self._thread.armed = self._thread.armed, None
+        return arming
+
+    def armed(self) -> Optional[Arming]:
+        return self._traced if self._compiling() else self._thread.armed
