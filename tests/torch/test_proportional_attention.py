@@ -244,17 +244,47 @@ def test_proportional_attention_is_a_merge_setting():
         ToMeArgs(mode="downsample", proportional_attention=1)
 
 
-def test_the_original_ldm_code_computes_its_own_softmax_and_is_refused_at_the_first_call(unpatch):
+def _ldm_output(model, **settings):
     import tiny_torch as T
 
-    model = T.ldm_model()
-    tomesd.apply_patch(model, ratio=0.5, proportional_attention=True)
-    unpatch(model)
     x, t, text = T.unet_inputs()
-    with pytest.raises(RuntimeError, match="CrossAttention ran on merged tokens.*turn proportional_attention off"):
+    if settings:
+        tomesd.apply_patch(model, ratio=0.5, **settings)
+    try:
         with torch.no_grad():
-            model.model.diffusion_model(x, t.expand(2), context=text)
-    assert F.scaled_dot_product_attention is not SDPA  # the patch stays (and weighs where it can) until removed
+            return model.model.diffusion_model(x, t.expand(2), context=text)
+    finally:
+        tomesd.remove_patch(model)
+
+
+def test_the_original_ldm_code_weighs_its_keys_in_its_projections_as_sdpa_would():
+    """LDM's CrossAttention forms softmax(q k^T * scale) itself: the weights ride as a channel per head of to_q's and
+    to_k's outputs. Its output equals the same weights' where every CrossAttention calls torch's SDPA instead (a
+    subclass named elsewhere, so the SDPA seam weighs it), and the weights move it far beyond the round-off."""
+    import tiny_torch as T
+    from ldm.modules.attention import CrossAttention
+
+    class SdpaCrossAttention(CrossAttention):  # the same attention through torch's SDPA (looked up at the call)
+        def forward(self, x, context=None, mask=None):
+            context = x if context is None else context
+            q, k, v = (t.reshape(t.shape[0], t.shape[1], self.heads, -1).transpose(1, 2)
+                       for t in (self.to_q(x), self.to_k(context), self.to_v(context)))
+            out = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
+            return self.to_out(out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1))
+
+    own, through_sdpa = T.ldm_model(), T.ldm_model()
+    for module in through_sdpa.modules():
+        if type(module) is CrossAttention:
+            module.__class__ = SdpaCrossAttention
+    base, base_sdpa = _ldm_output(own), _ldm_output(through_sdpa)
+    plain = _ldm_output(own, use_rand=False)
+    weighed = _ldm_output(own, use_rand=False, proportional_attention=True)
+    weighed_sdpa = _ldm_output(through_sdpa, use_rand=False, proportional_attention=True)
+    tol = 1e-5 * base.abs().max().item()
+    assert (base - base_sdpa).abs().max().item() < tol  # the two attentions agree unpatched
+    assert (weighed - plain).abs().max().item() > 1000 * tol
+    assert (weighed - weighed_sdpa).abs().max().item() < tol
+    assert torch.equal(_ldm_output(own), base)  # removed: no hook left on to_q / to_k
 
 
 def test_context_parallelism_is_refused_at_the_first_call_that_reveals_it(unpatch):

@@ -49,6 +49,7 @@ def install_downsample(patch: Any, index: int, block: Any, kind: BlockKind) -> N
             open_key_seam(patch)
             check = CheckWeighed(patch, index)
             around(patch, attn, check.pre, check.post)
+            weigh_projections(patch, attn)
         if way.via == "context":
             hook = DownsampleContext(patch, index, InputSpec.find(attn, TOKENS, first_positional=True),
                                      InputSpec.find(attn, CONTEXT, first_positional=False), _mask_spec(attn))
@@ -99,6 +100,7 @@ def install_merge(patch: Any, index: int, block: Any, kind: BlockKind) -> None:
             continue
         if weighs(patch, layer.flag):
             open_key_seam(patch)
+            weigh_projections(patch, sub)
         rotary = None
         if layer.rotary is not None:  # by keyword, or where the signature puts it (Wan passes it by position)
             rotary = InputSpec.find(sub, (layer.rotary,), first_positional=False) or InputSpec(layer.rotary, None)
@@ -135,6 +137,16 @@ def install_merge(patch: Any, index: int, block: Any, kind: BlockKind) -> None:
             spec = InputSpec.find(attn, MASK + ("hidden_states_masks",), first_positional=False) or _mask_spec(attn)
             image_first, axes = SLICED_MASKS[kind.mask]
             around(patch, attn, MaskSlice(patch, index, flag, spec, image_first, axes).pre, None)
+
+
+def weigh_projections(patch: Any, attention: Any) -> None:
+    """An attention that forms its scores itself (the original LDM code's) takes the weights in its query and key
+    projections, one more channel per head (backends/torch_projections.py); one that calls SDPA, there."""
+    hooks = getattr(patch.host, "projection_hooks", None)
+    pair = hooks(patch.key_seam, attention) if hooks is not None else None
+    if pair is not None:
+        add_hook(patch, attention.to_q, patch.host.add_post_hook, pair[0])
+        add_hook(patch, attention.to_k, patch.host.add_post_hook, pair[1])
 
 
 def _weigh_span(patch: Any, index: int, block: Any, span: Span, start: Any, ends: list) -> None:

@@ -5,7 +5,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 
 import torch
 
-from . import torch_dispatch, torch_links, torch_parallel, torch_sdpa
+from . import torch_dispatch, torch_links, torch_parallel, torch_projections, torch_sdpa
 
 
 class TorchArrays:
@@ -155,6 +155,11 @@ class TorchHost:
     def key_weight_seam(self) -> Any:
         """torch's scaled_dot_product_attention, where proportional attention weighs merged keys (torch_sdpa.py)."""
         return torch_sdpa.SDPA_SEAM
+
+    def projection_hooks(self, seam: Any, attention: torch.nn.Module) -> Optional[Tuple[Callable, Callable]]:
+        """Hooks on an attention's to_q / to_k weighing its keys there, where it forms its scores itself (the original
+        LDM code's CrossAttention: torch_projections.py); None where it calls SDPA."""
+        return torch_projections.projection_hooks(seam, attention)
 
     def key_weights(self, inv_counts: torch.Tensor, image_keys_first: bool, uniform: bool = False) -> Any:
         """One attention's weights: log of each merged row's token count ([B, M, 1] inverse counts)."""

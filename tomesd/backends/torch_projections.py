@@ -1,0 +1,57 @@
+"""Proportional attention where the attention forms its own scores: the original LDM code's CrossAttention (CompVis'
+`ldm.modules.attention`) projects queries and keys with `to_q` / `to_k`, splits them into heads and computes
+softmax(q k^T * scale) itself, with `scale` a fixed attribute, so no SDPA call carries the weights (torch_sdpa.py).
+
+The bias rides in the projections instead, as one more channel per head: `to_q`'s output gets a channel of ones, `to_k`'s
+a channel of log(size) / scale, so the attention's own product adds exactly log(size) to each score; values keep their
+width, and the output's does not change. The attention's hook arms the SDPA seam as for any attention; here `to_k`'s
+hook takes the arming, so the hook's check after the attention holds exactly when the weights went in.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Tuple
+
+import torch
+
+
+def own_scores(attention: Any) -> bool:
+    """Whether `attention` forms its scores itself from to_q / to_k with a fixed scale (so the weights go there)."""
+    cls = type(attention)
+    return cls.__name__ == "CrossAttention" and cls.__module__ == "ldm.modules.attention"
+
+
+def projection_hooks(seam: Any, attention: Any) -> Optional[Tuple[Callable, Callable]]:
+    """(post-hook for to_q, post-hook for to_k) weighing `attention`'s merged keys, or None where it calls SDPA."""
+    if not own_scores(attention):
+        return None
+    heads, scale = attention.heads, attention.scale
+
+    def query(module: Any, args: tuple, out: torch.Tensor) -> torch.Tensor:
+        arming = seam.armed()
+        if arming is None or arming.left <= 0:
+            return out
+        return _per_head(out, heads, out.new_ones(1, 1, 1))
+
+    def key(module: Any, args: tuple, out: torch.Tensor) -> torch.Tensor:
+        arming = seam.armed()
+        if arming is None or not arming.take():
+            return out
+        weights = arming.rewrite  # torch_sdpa.KeyWeights
+        length, merged = out.shape[1], weights.log_sizes.shape[-1]
+        if length < merged or weights.log_sizes.shape[0] not in (1, out.shape[0]):
+            raise ValueError(f"ToMe's proportional attention has weights for {weights.log_sizes.shape[0]} samples of "
+                             f"{merged} merged keys; {type(attention).__name__}'s keys are {list(out.shape[:2])}; "
+                             f"apply_patch with proportional_attention=False")
+        bias = (weights.log_sizes / scale).to(out.dtype)
+        bias = torch.nn.functional.pad(bias, (0, length - merged) if weights.first else (length - merged, 0))
+        return _per_head(out, heads, bias.unsqueeze(-1))
+
+    return query, key
+
+
+def _per_head(x: torch.Tensor, heads: int, extra: torch.Tensor) -> torch.Tensor:
+    """[B, N, heads * D] -> [B, N, heads * (D + 1)], each head's channels followed by `extra` ([B or 1, N or 1, 1])."""
+    batch, length = x.shape[:2]
+    split = x.reshape(batch, length, heads, -1)
+    extra = extra.unsqueeze(2).expand(batch, length, heads, 1)
+    return torch.cat([split, extra], -1).reshape(batch, length, -1)
