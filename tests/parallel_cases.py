@@ -87,6 +87,28 @@ def wan_ring(world: int) -> Dict[str, Any]:
     return _bands_equal_world("wan", "ring", world)
 
 
+# Proportional attention: each rank's merged keys carry their sizes through the exchange (the weights join the keys at
+# diffusers' dispatch, before it); Flux's per-sample rotation at the dispatch runs first, on the same call.
+def flux_ulysses_prop(world: int) -> Dict[str, Any]:
+    return _bands_equal_world("flux", "ulysses", world, proportional_attention=True)
+
+
+def flux_ring_prop(world: int) -> Dict[str, Any]:
+    return _bands_equal_world("flux", "ring", world, proportional_attention=True)
+
+
+def wan_ring_prop(world: int) -> Dict[str, Any]:
+    return _bands_equal_world("wan", "ring", world, proportional_attention=True)
+
+
+def wan_ulysses_prop_vs_plain(world: int) -> Dict[str, Any]:
+    """The weights act under context parallelism: the same P-way run without them differs."""
+    out = _bands_equal_world("wan", "ulysses", world, proportional_attention=True)
+    plain = _bands_equal_world("wan", "ulysses", world)
+    out["plain"] = plain["parallel"]
+    return out
+
+
 def flux_reuse_steps(world: int) -> Dict[str, Any]:
     """reuse_steps=2 on a bare model: calls at 3 timesteps, the second reusing the first's matching."""
     out: Dict[str, Any] = {}

@@ -13,13 +13,15 @@ import torch
 import parallel
 
 BANDED = ["flux_ulysses", "flux_ring", "wan_ulysses", "wan_ring"]
+PROPORTIONAL = ["flux_ulysses_prop", "flux_ring_prop", "wan_ring_prop", "wan_ulysses_prop_vs_plain"]
 TOLERANCE = 2e-5  # fp32 round-off: attention sums its keys in another order on P ranks
-TOKENS = {"flux_ulysses": 64, "flux_ring": 64, "wan_ulysses": 144, "wan_ring": 144}
+TOKENS = {"flux_ulysses": 64, "flux_ring": 64, "wan_ulysses": 144, "wan_ring": 144, "flux_ulysses_prop": 64,
+          "flux_ring_prop": 64, "wan_ring_prop": 144, "wan_ulysses_prop_vs_plain": 144}
 
 
 @pytest.fixture(scope="module")
 def world2(tmp_path_factory):
-    return parallel.run(2, BANDED + ["flux_reuse_steps", "flux_pipeline_clock", "patch_before_parallelism",
+    return parallel.run(2, BANDED + PROPORTIONAL + ["flux_reuse_steps", "flux_pipeline_clock", "patch_before_parallelism",
                                      "tensor_parallel", "refusals", "cache_dit_ulysses", "para_attention"],
                         tmp_path_factory.mktemp("cp2"))
 
@@ -50,6 +52,16 @@ def _check_banded(ranks, name, world):
 @pytest.mark.parametrize("name", BANDED)
 def test_two_ranks_equal_two_bands_on_one_process(world2, name):
     _check_banded(world2, name, 2)
+
+
+@pytest.mark.parametrize("name", PROPORTIONAL)
+def test_proportional_attention_on_two_ranks_equals_two_bands_on_one_process(world2, name):
+    """Each rank's merged keys keep their sizes through Ulysses' all-to-all and ring's passes: a 2-way run with
+    proportional attention equals bands=2 with it on one process."""
+    _check_banded(world2, name, 2)
+    if name == "wan_ulysses_prop_vs_plain":  # and the weights act there
+        out = _case(world2, name)
+        assert (out["parallel"] - out["plain"]).abs().max() > 1e3 * TOLERANCE
 
 
 @pytest.mark.parametrize("name", BANDED)

@@ -287,16 +287,30 @@ def test_the_original_ldm_code_weighs_its_keys_in_its_projections_as_sdpa_would(
     assert torch.equal(_ldm_output(own), base)  # removed: no hook left on to_q / to_k
 
 
-def test_context_parallelism_is_refused_at_the_first_call_that_reveals_it(unpatch):
-    from types import SimpleNamespace
-
-    from tomesd.adapters import guards
+def test_under_context_parallelism_the_weights_move_to_the_dispatch_or_are_refused_by_name(unpatch):
+    """At the first call that finds a context-parallel split, the weights join the keys at diffusers' attention
+    dispatch, before the ranks exchange them (test_context_parallel.py runs it on gloo); a weighed attention whose
+    processor does not call the dispatch is refused by name."""
+    from tomesd.adapters import key_weights
     from tomesd.adapters.runtime import PATCH_ATTR
+    from tomesd.backends import torch_dispatch
 
     family = FAMILIES["flux"]
     model = family.build().eval()
     _patched(family, model, proportional_attention=True)
     unpatch(model)
-    with pytest.raises(ValueError, match="proportional_attention does not run under context parallelism"):
-        guards.check_context_split(getattr(model, PATCH_ATTR), SimpleNamespace(count=2, index=0))
+    patch = getattr(model, PATCH_ATTR)
+    key_weights.weigh_at_dispatch(patch)
+    assert patch.key_seam is torch_dispatch.SEAM
 
+    class OwnProcessor:  # an attention computed without diffusers' dispatch
+        def __call__(self, attn, hidden_states, *args, **kwargs):
+            return hidden_states
+
+    model = family.build().eval()
+    model.transformer_blocks[0].attn.set_processor(OwnProcessor())
+    _patched(family, model, proportional_attention=True)
+    unpatch(model)
+    with pytest.raises(ValueError, match="OwnProcessor of FluxTransformerBlock does not call it; use a processor "
+                                         "that calls dispatch_attention_fn"):
+        key_weights.weigh_at_dispatch(getattr(model, PATCH_ATTR))

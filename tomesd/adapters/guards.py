@@ -190,11 +190,6 @@ def check_context_split(patch: Any, split: Any) -> None:
             f"mode='downsample' does not run under context parallelism yet ({name} on {split.count} processes): "
             f"use mode='merge', which merges within each rank's band"
         )
-    if args.proportional_attention:
-        raise ValueError(
-            f"proportional_attention does not run under context parallelism yet ({name} on {split.count} processes: "
-            f"the attention gathers keys whose sizes other ranks hold); apply_patch with proportional_attention=False"
-        )
     if patch.layout.bands != "tokens":
         raise ValueError(
             f"ToMe cannot merge on {name} under context parallelism: the band rule needs each token's grid "

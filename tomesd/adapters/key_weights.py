@@ -25,6 +25,28 @@ def open_key_seam(patch: Any) -> None:
         patch.key_seam.open(patch)
 
 
+def weigh_at_dispatch(patch: Any) -> None:
+    """Under context parallelism (found at the first call) the attention's keys are exchanged between ranks inside
+    diffusers' attention dispatch, so an SDPA call would meet keys whose sizes other ranks hold: the weights join
+    the keys at the dispatch instead, before the exchange (torch_sdpa.KeyWeights.around). Every weighed attention
+    must go through the dispatch; one that does not is refused by name."""
+    seam = patch.host.attention_seam()
+    if patch.key_seam is seam:
+        return
+    for block, kind in zip(patch.blocks, patch.kinds):
+        attention = getattr(block, kind.self_attention or "", None)
+        processor = getattr(attention, "processor", None)
+        if attention is not None and not patch.host.dispatches(processor):
+            raise ValueError(
+                f"proportional_attention under context parallelism weighs merged keys at diffusers' attention "
+                f"dispatch, before the ranks exchange them, and {type(processor).__name__} of "
+                f"{type(block).__name__} does not call it; use a processor that calls dispatch_attention_fn, or "
+                f"apply_patch with proportional_attention=False")
+    patch.key_seam.close(patch)
+    patch.key_seam = seam
+    seam.open(patch)
+
+
 def arm(patch: Any, merge: Any, image_keys_first: bool, uses: int = 1) -> None:
     """The next `uses` SDPA calls weigh the merged keys of `merge` (each merged row's size, from its inverse count)."""
     weights = patch.host.key_weights(merge.inv_counts, image_keys_first, getattr(merge, "uniform", False))

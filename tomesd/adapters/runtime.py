@@ -15,7 +15,7 @@ import functools
 import weakref
 from typing import Any, List, Optional
 
-from . import guards
+from . import guards, key_weights
 from .calls import Band, BlockMerge, CallStacks, CallState, Replay
 from .install import (
     add_hook, install_downsample, install_merge, open_seam, remove_owned_hooks, rows_per_sample, seat_span_cache,
@@ -204,6 +204,8 @@ class ToMePatch:
         split = self.host.context_split(module)
         if split is not None:
             guards.check_context_split(self, split)
+            if self.args.proportional_attention:
+                key_weights.weigh_at_dispatch(self)
             return Band(split.count, split.index)
         return Band(self.bands) if self.bands > 1 else None
 

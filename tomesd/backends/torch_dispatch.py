@@ -49,6 +49,14 @@ class DispatchSeam(Seam):
     def __reduce__(self) -> str:  # a copied patch shares the process's seam
         return "SEAM"
 
+    def arm(self, rewrite: Any, uses: int = 1) -> None:
+        """Arm one attention's call; a second arming for the same call (a per-sample rotation, then proportional
+        attention's weights under context parallelism) runs after the first, on what it gave."""
+        current = self.armed()
+        if current is not None and current.left > 0:
+            rewrite = _Both(current.rewrite, rewrite)
+        super().arm(rewrite, uses)
+
     def _wrap(self) -> None:
         self.cover_new_backends()
 
@@ -91,8 +99,27 @@ class _Wrapped:
     def __call__(self, **kwargs: Any) -> Any:
         arming = self.seam.armed()
         if arming is not None and arming.take():  # one attention per arming: an IP-Adapter's second stays whole
-            kwargs = arming.rewrite(kwargs)
+            return _run(arming.rewrite, self.fn, kwargs)
         return self.fn(**kwargs)
+
+
+def _run(rewrite: Any, fn: Callable, kwargs: Dict[str, Any]) -> Any:
+    """A rewrite either maps the backend's keyword arguments (`rewrite(kwargs)`) or runs the backend itself
+    (`rewrite.around(fn, kwargs)`: proportional attention's weights, whose output drops their channel)."""
+    around = getattr(rewrite, "around", None)
+    return around(fn, kwargs) if around is not None else fn(**rewrite(kwargs))
+
+
+class _Both:
+    """Two armings of one attention call: `then` runs on what `first` gave."""
+
+    __slots__ = ("first", "then")
+
+    def __init__(self, first: Any, then: Any) -> None:
+        self.first, self.then = first, then
+
+    def around(self, fn: Callable, kwargs: Dict[str, Any]) -> Any:
+        return _run(self.first, lambda **given: _run(self.then, fn, given), kwargs)
 
 
 SEAM = DispatchSeam()

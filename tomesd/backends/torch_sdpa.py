@@ -17,7 +17,7 @@ when the last patch using it is removed (torch_seam.py: users, the armed slot).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch
 import torch.nn.functional as F
@@ -64,6 +64,35 @@ class KeyWeights:
         if width == size:
             value = F.pad(value, (0, pad))
         out = fn(query, key, value, dropout_p=dropout_p, is_causal=False, scale=scale, **rest)
+        return out[..., :width]
+
+
+    def around(self, fn: Callable, kwargs: Dict[str, Any]) -> Any:
+        """diffusers' attention dispatch (torch_dispatch.py: a backend function called by keyword, [B, S, heads, D]):
+        the same channels join the queries, keys and values before the backend runs, so under context parallelism
+        they travel with the keys through its exchange between ranks (Ulysses' all-to-all, ring's passes) and every
+        rank's keys carry their own sizes."""
+        query, key, value = kwargs["query"], kwargs["key"], kwargs["value"]
+        if kwargs.get("attn_mask") is not None or kwargs.get("is_causal"):
+            raise ValueError("ToMe's proportional attention weighs merged keys at diffusers' attention dispatch, which "
+                             "here got an attention mask (or is_causal); apply_patch with proportional_attention=False")
+        length, merged, size = key.shape[1], self.log_sizes.shape[-1], query.shape[-1]
+        if key.dim() != 4 or length < merged or self.log_sizes.shape[0] not in (1, key.shape[0]):
+            raise ValueError(f"ToMe's proportional attention has weights for {self.log_sizes.shape[0]} samples of "
+                             f"{merged} merged keys; the attention's keys are {list(key.shape)} ([B, S, heads, D] "
+                             f"expected); apply_patch with proportional_attention=False")
+        scale = kwargs.get("scale") or 1.0 / math.sqrt(size)
+        pad = channels(size, query.device)
+        bias = F.pad((self.log_sizes / scale).to(key.dtype), (0, length - merged) if self.first else (length - merged, 0))
+        bias = bias.reshape(bias.shape[0], length, 1, 1).expand(*key.shape[:-1], 1)
+        width = value.shape[-1]
+        out = fn(**dict(
+            kwargs, scale=scale,
+            query=torch.cat([query, query.new_ones(*query.shape[:-1], 1), query.new_zeros(*query.shape[:-1], pad - 1)], -1),
+            key=torch.cat([key, bias, key.new_zeros(*key.shape[:-1], pad - 1)], -1),
+            value=F.pad(value, (0, pad)) if width == size else value))
+        if isinstance(out, tuple):  # (output, log-sum-exp): ring attention's partial results
+            return (out[0][..., :width],) + tuple(out[1:])
         return out[..., :width]
 
 
