@@ -4,6 +4,7 @@ matching.py computes it; the runtime applies it to every sub-layer's tokens, rot
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Tuple
 
 from .backend import Backend
@@ -98,10 +99,12 @@ class TokenMerge:
         token, its representative's. One index, one gather.
 
         With a representative per sample ([B, M]) the rows differ by sample: a table with axes before `axis`
-        (its first of size 1 or B, any others of size 1) gives [B, ..., S', ...]; a table whose rows come
-        first ([S, D]) gains a batch axis in front, [B, S', D]. With `image_first`, the image's rows are the first N
-        and the text's follow them (HiDream's rows over [image, text])."""
+        (its first of size 1 or B, any others of any size: LTX-2's split rows [B, heads, S, D]) gives
+        [B, ..., S', ...]; a table whose rows come first ([S, D]) gains a batch axis in front, [B, S', D]. A negative
+        `axis` counts from the table's last axis. With `image_first`, the image's rows are the first N and the text's
+        follow them (HiDream's rows over [image, text])."""
         xp = self._xp
+        axis = axis % len(xp.shape(table))  # a negative axis from the end (LTX-2's rows: -2, with or without heads)
         s = xp.shape(table)[axis]
         if s < self.num_tokens:
             raise ValueError(f"a table with rows along axis {axis} must hold the image's {self.num_tokens} rows "
@@ -131,12 +134,16 @@ class TokenMerge:
         if axis == 0:
             return xp.reshape(xp.take(table, xp.reshape(rows, [b * kept]), 0), [b, kept] + rest)
         lead = shape[:axis]
-        if lead[0] not in (1, b) or any(size != 1 for size in lead[1:]):
-            raise ValueError(f"per-sample rows need a table [B or 1, 1.., S, ...] with rows along axis {axis}, got "
+        if lead[0] not in (1, b):
+            raise ValueError(f"per-sample rows need a table [B or 1, ..., S, ...] with rows along axis {axis}, got "
                              f"{shape} for a batch of {b}")
-        flat = xp.reshape(xp.broadcast_to(table, [b] + lead[1:] + shape[axis:]), [b * s] + rest)
-        rows = rows + xp.reshape(xp.arange(b * s, rows, step=s), [b, 1])  # sample k's rows start at k * s
-        return xp.reshape(xp.take(flat, xp.reshape(rows, [b * kept]), 0), [b] + lead[1:] + [kept] + rest)
+        # Axes between the batch and the rows (LTX-2's heads, or 1s) take their sample's rows each: one index over
+        # the table flattened to [B * inner * S, ...], block (k, j) starting at (k * inner + j) * s.
+        inner = math.prod(lead[1:])
+        flat = xp.reshape(xp.broadcast_to(table, [b] + lead[1:] + shape[axis:]), [b * inner * s] + rest)
+        starts = xp.reshape(xp.arange(b * inner * s, rows, step=s), [b, inner, 1])
+        index = xp.reshape(rows, [b, 1, kept]) + starts  # [B, inner, kept]
+        return xp.reshape(xp.take(flat, xp.reshape(index, [b * inner * kept]), 0), [b] + lead[1:] + [kept] + rest)
 
     @property
     def inv_counts(self) -> Any:

@@ -84,7 +84,7 @@ def rows_per_sample(patch: Any) -> Tuple[bool, bool]:
         sites = [(getattr(block, layer.name, None), layer) for layer in kind.sublayers if layer.rotary is not None]
         sites += [(sublayer(block, span.rotary_at), span) for span in kind.spans if span.rotary_at is not None]
         for module, site in sites:
-            if module is None or site.rotary_axis > 0:
+            if module is None or site.rotary_axis != 0:  # rows with a batch axis (a negative axis counts from the end)
                 continue
             if not site.rotates or dispatches is None or not dispatches(getattr(module, "processor", None)):
                 return False, False

@@ -16,7 +16,9 @@ class Sublayer:
     tokens: Tuple[str, ...] = ("hidden_states", "x")  # input names (else its first positional input)
     outputs: Tuple[int, ...] = ()  # where image tokens sit in a tuple output (those present); (): the output itself
     rotary: Optional[str] = None  # input of per-token (cos, sin) rows that follow the tokens
-    rotary_axis: int = 0  # the token axis of those rows (Flux: [S, D]; Wan: [1, S, 1, D])
+    # The token axis of those rows (Flux: [S, D]; Wan: [1, S, 1, D]); negative: from the last axis, for rows whose
+    # leading axes vary with the host's config (LTX-2: [B, S, D] or, split, [B, heads, S, D/2]: -2, a batch axis).
+    rotary_axis: int = 0
     # Rows given as a tuple of tables of which only this item is the image's (diffusers' Qwen-Image: (image rows,
     # text rows)): it follows the merged tokens, the others stay. None: every table of the input is per token.
     rotary_item: Optional[int] = None

@@ -131,7 +131,7 @@ def follow_rotary(hook: SiteHook, merge: Any, rows: Any, axis: int, rotates: str
     its own (kinds.ROTATIONS; the site's post-hook checks the dispatch took them)."""
     gathered = gather_rotary(merge, rows, axis, image_first)
     xp = hook.patch.xp
-    if axis > 0 or len(xp.shape(merge.representatives)) == 1:
+    if axis != 0 or len(xp.shape(merge.representatives)) == 1:  # rows with a batch axis (axis < 0: from the end)
         return gathered
     if merge.batch == 1:
         return tuple(table[0] for table in gathered) if isinstance(gathered, tuple) else gathered[0]
