@@ -10,6 +10,7 @@ import tiny_diffusers_0_42_families as D
 import tiny_hunyuan_families as H
 import tiny_image_first_families as F
 import tiny_image_families as I
+import tiny_ltx2_family as L2
 import tiny_packed_families as P
 import tiny_torch as T
 import tiny_transformers as X
@@ -210,6 +211,13 @@ FAMILIES = {
                         ("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask"), True,
                         (dict(frames=3, h=8, w=8), dict(frames=2, h=6, w=10)), merged_blocks=(0, 1), root="LTX-Video",
                         host_class="LTXVideoTransformer3DModel"),
+    # LTX-2: LTX-Video's packed grid beside an audio stream that never merges (tests/torch/test_ltx2.py); the
+    # contract holds its video output, the audio's inputs batched with it.
+    "ltx2": Family("ltx2", L2.ltx2, L2.ltx2_inputs, L2.run,
+                   ("hidden_states", "audio_hidden_states", "encoder_hidden_states", "audio_encoder_hidden_states",
+                    "timestep", "encoder_attention_mask", "audio_encoder_attention_mask"), True,
+                   (dict(frames=2, h=8, w=8), dict(frames=3, h=6, w=10)), merged_blocks=(0,), root="LTX-2",
+                   host_class="LTX2VideoTransformer3DModel"),
     "qwen-image": Family("qwen-image", P.qwen, P.qwen_inputs, P.run,
                          ("hidden_states", "encoder_hidden_states", "timestep"), True,
                          (dict(h=8, w=8), dict(h=6, w=10)), merged_blocks=(0, 1), root="Qwen-Image",

@@ -12,6 +12,7 @@ import torch._dynamo
 import torch.nn.functional as F
 
 import step_caches as S
+import tiny_ltx2_family as L2
 import tiny_packed_families as P
 import tiny_torch as T
 import tomesd
@@ -32,12 +33,17 @@ def ltx_case(frames, h, w):  # a packed latent whose grid is num_frames, height,
     return P.ltx, P.ltx_inputs(frames=frames, h=h, w=w), (frames, h, w)
 
 
+def ltx2_case(frames, h, w):  # LTX-2: the video's self-attention alone shrinks (its audio's keys are fewer than n)
+    return L2.ltx2, L2.ltx2_inputs(frames=frames, h=h, w=w), (frames, h, w)
+
+
 def qwen_case(h, w):  # a packed latent whose grid is img_shapes; keys [text, image] at the dispatch
     return P.qwen, P.qwen_inputs(h=h, w=w), (1, h, w)
 
 
 CASES = {"flux-8x8": flux_case(8, 8), "flux-7x9": flux_case(7, 9), "wan-3x4x4": wan_case(4, 4),
-         "wan-2x5x7": wan_case(5, 7, frames=2), "ltx-2x5x7": ltx_case(2, 5, 7), "qwen-image-7x9": qwen_case(7, 9)}
+         "wan-2x5x7": wan_case(5, 7, frames=2), "ltx-2x5x7": ltx_case(2, 5, 7), "qwen-image-7x9": qwen_case(7, 9),
+         "ltx2-2x5x7": ltx2_case(2, 5, 7)}
 
 
 def shrink_by_hand(x, grid, factor, method):

@@ -1,7 +1,7 @@
 """The "packed" layout (tomesd/adapters/layouts_packed.py): a packed latent [B, N, C] whose token grid is in the
 forward's arguments. Qwen-Image-Edit's reference images (entries of img_shapes after the target's) pass whole; LTX-Video
 with a timestep per token (LTXImageToVideoPipeline) merges, its modulation staying on every token outside the sites;
-what gives no grid ToMe can read is refused by name (LTXConditionPipeline's video_coords, a miscounted grid, LTX-2,
+what gives no grid ToMe can read is refused by name (LTXConditionPipeline's video_coords, a miscounted grid,
 Qwen-Image 2.1). The whole contract of each family is in test_family_contract.py (tests/families.py)."""
 import pytest
 import torch
@@ -146,10 +146,10 @@ def test_a_grid_that_does_not_count_the_latents_tokens_is_refused(family):
         tomesd.remove_patch(model)
 
 
-@pytest.mark.parametrize("name", ["LTX2VideoTransformer3DModel", "QwenImage21Transformer2DModel"])
-def test_ltx2_and_qwen_image_21_are_refused_by_name(name):
-    """Their layouts (LTX-2's audio and video streams; Qwen-Image 2.1's conditions before the target under a KV cache)
-    are not merged yet: refused at apply time naming the class and the cause, before anything changes."""
+@pytest.mark.parametrize("name", ["QwenImage21Transformer2DModel"])
+def test_qwen_image_21_is_refused_by_name(name):
+    """Its layout (Qwen-Image 2.1's conditions before the target under a KV cache) is not merged yet: refused at
+    apply time naming the class and the cause, before anything changes. (LTX-2 merges: tests/torch/test_ltx2.py.)"""
     import diffusers
 
     cls = getattr(diffusers, name, None)

@@ -144,7 +144,7 @@ def test_each_merged_attention_weighs_its_image_keys_by_size_and_its_text_keys_b
         weighed.append(int(sizes.sum().round()) - len(sizes))
     if mode == "downsample" and family.name in ("sd1-unet", "controlnet-xs", "pixart", "unet3d", "wan", "chronoedit",
                                                   "skyreels-v2", "wan-vace", "wan-animate", "cosmos", "latte",
-                                                  "ltx-video", "anyflow"):
+                                                  "ltx-video", "ltx2", "anyflow"):
         assert weighed == []  # image keys alone, in whole cells: the weights would cancel, SDPA runs as it came
         return
     assert sorted(weighed) == sites  # one weighed SDPA per merged attention: its image keys hold every token
@@ -168,7 +168,7 @@ def test_the_fused_kernel_runs_as_unpatched_with_no_mask(family, unpatch):
     if _refuses_weights(family, model):
         return
     inputs = family.inputs(model, batch=2, seed=3)
-    given = []  # the masked attention ops of the unpatched model (LTX-Video's cross-attention takes the text's mask)
+    given = []  # the masked attention ops of the unpatched model (LTX-Video's and LTX-2's cross-attentions take the text's mask)
 
     def attention_ops():
         with _MaskSeen() as ops:
@@ -178,7 +178,7 @@ def test_the_fused_kernel_runs_as_unpatched_with_no_mask(family, unpatch):
 
     with _MaskSeen() as ops:
         family.run(model, inputs)
-    given.extend(op for op in ops.masked if family.name == "ltx-video")
+    given.extend(op for op in ops.masked if family.name in ("ltx-video", "ltx2"))  # their text cross-attentions
     unpatched = attention_ops()
     _patched(family, model)
     merged = attention_ops()

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Tuple
 
 from .kind_types import BlockKind, Downsample, Sublayer
+from .kinds_ltx2 import LTX2_KINDS
 
 VIDEO_KINDS: Tuple[BlockKind, ...] = (
     # ConsisID: CogVideoX's block under another class name (joint attention over [text, image] returning
@@ -115,4 +116,4 @@ VIDEO_KINDS: Tuple[BlockKind, ...] = (
                    "merged keys cannot join; use proportional_attention=False",
         mask="text",
     ),
-)
+) + LTX2_KINDS  # LTX-2's audio and video block (kinds_ltx2.py)

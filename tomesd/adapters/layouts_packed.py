@@ -49,7 +49,9 @@ class Packed(SpaceTime):
         if total != shape[1]:
             raise ValueError(
                 f"{self.model}'s {', '.join(self.names)} give {total} tokens ({images}) for a latent of {shape[1]}: "
-                f"ToMe merges the target's tokens on the grid they give, so they must count the latent's tokens")
+                f"ToMe merges the target's tokens on the grid they give, so they must count the latent's tokens (a "
+                f"pipeline that joins condition tokens after the grid's, as LTX2ConditionPipeline's keyframes and "
+                f"LTX2InContextPipeline's references: run it without ToMe)")
         call.grid = grid
         call.tail = total - grid[0] * grid[1] * grid[2]  # reference images' tokens, after the target's
 

@@ -167,9 +167,11 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
     # joined to the sequence: refused at its first call (layouts_packed.py).
     RootKind("LTX-Video", ("LTXVideoTransformer3DModel",), "packed", grid_args=("num_frames", "height", "width"),
              supported="the LTX-Video transformer (torch; called with num_frames, height and width)"),
-    RootKind("LTX-2", ("LTX2VideoTransformer3DModel",), "packed",
-             refused="an audio and video transformer whose blocks (LTX2VideoTransformerBlock) attend across the two "
-                     "streams, a layout ToMe does not merge yet (LTX-Video 0.9.x's LTXVideoTransformer3DModel merges)"),
+    # LTX-2: LTX-Video's packed video latent and grid arguments, beside an audio latent of its own. Only the video
+    # stream's sub-layers merge (kinds_ltx2.py); the audio's tokens, and the video tokens the audio attends to, stay.
+    RootKind("LTX-2", ("LTX2VideoTransformer3DModel",), "packed", grid_args=("num_frames", "height", "width"),
+             supported="the LTX-2 audio-video transformer (torch; called with num_frames, height and width; its audio "
+                       "stream never merges)"),
     RootKind("Qwen-Image 2.1", ("QwenImage21Transformer2DModel",), "packed",
              refused="a transformer whose sequence puts condition images before the target, under an image-slot mask "
                      "and a key/value cache of them, a layout ToMe does not merge yet (QwenImageTransformer2DModel "
