@@ -198,3 +198,32 @@ def test_calls_with_no_grid_of_the_whole_latent_are_refused_by_name(call):
             L2.run(model, inputs)
     finally:
         tomesd.remove_patch(model)
+
+
+def test_pyramid_attention_broadcast_on_all_six_attentions_stacks_and_caches_full_tokens():
+    """diffusers' PAB with its default identifiers hooks every attention of the block. The video's merged ones hold
+    ToMe's hooks inside the cache (it keeps every video token); the audio's and the video-to-audio attention never
+    see a merged token, so a cache on them is no cache inside a merged region: nothing is refused."""
+    from diffusers.hooks import PyramidAttentionBroadcastConfig, apply_pyramid_attention_broadcast
+
+    model = L2.ltx2().eval()
+    inputs = L2.ltx2_inputs(model)
+    n, a = inputs["hidden_states"].shape[1], inputs["audio_hidden_states"].shape[1]
+    step = [900]
+    apply_pyramid_attention_broadcast(model, PyramidAttentionBroadcastConfig(
+        spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(-1, 1000),
+        cross_attention_block_skip_range=2, cross_attention_timestep_skip_range=(-1, 1000),
+        current_timestep_callback=lambda: step[0]))
+    tomesd.apply_patch(model, **EVERY_SITE)
+    try:
+        with tomesd.observe(model) as seen:
+            for t in (900, 800, 700):
+                step[0] = t
+                L2.run(model, dict(inputs, timestep=torch.full((2,), float(t))))
+    finally:
+        tomesd.remove_patch(model)
+    block = model.transformer_blocks[0]
+    kept = {name: getattr(block, name)._diffusers_hook.hooks["pyramid_attention_broadcast"].state.cache.shape[1]
+            for name in ("attn1", "attn2", "audio_to_video_attn", "audio_attn1", "audio_attn2", "video_to_audio_attn")}
+    assert kept == dict(attn1=n, attn2=n, audio_to_video_attn=n, audio_attn1=a, audio_attn2=a, video_to_audio_attn=a)
+    assert seen.calls[0].merged_blocks("attn")

@@ -48,11 +48,16 @@ def refuse_step_cache_inside(patch: Any, index: int, kind: Any) -> None:
     for path in [layer.name for layer in kind.sublayers] + [
             p for span in kind.spans for p in (span.start, span.attention, *span.ends)]:
         seats.add(id(sublayer(block, path)))
-    for name, module in patch.host.named_modules(block):
+    # Without spans, merged tokens live only inside the sub-layers the kind lists (between each one's merge and
+    # unmerge): the block's other modules see every token (LTX-2's audio stream, whose attentions PAB caches).
+    regions = [("", block)] if kind.spans else [
+        (layer.name + ".", sublayer(block, layer.name)) for layer in kind.sublayers
+        if sublayer(block, layer.name) is not None]
+    for prefix, name, module in [(p, n, m) for p, region in regions for n, m in patch.host.named_modules(region)]:
         if id(module) not in seats and keeps_outputs(module):
             hooks = ", ".join(module._diffusers_hook.hooks)
             raise ValueError(
-                f"mode='merge' cannot run with diffusers' {hooks} hook on {type(block).__name__}.{name}: that "
+                f"mode='merge' cannot run with diffusers' {hooks} hook on {type(block).__name__}.{prefix}{name}: that "
                 f"module sees merged tokens, so the cache would keep them in one step's order and replay them "
                 f"into another's. Cache the attention modules (diffusers' default identifiers) or whole blocks "
                 f"(First Block Cache, MagCache), which stack with ToMe"
