@@ -227,3 +227,33 @@ def test_pyramid_attention_broadcast_on_all_six_attentions_stacks_and_caches_ful
             for name in ("attn1", "attn2", "audio_to_video_attn", "audio_attn1", "audio_attn2", "video_to_audio_attn")}
     assert kept == dict(attn1=n, attn2=n, audio_to_video_attn=n, audio_attn1=a, audio_attn2=a, video_to_audio_attn=a)
     assert seen.calls[0].merged_blocks("attn")
+
+
+def test_spatio_temporal_guidance_merges_and_what_skips_the_attention_is_refused_by_name():
+    """A perturbed-attention model (LTX-2.3's LTX2PerturbedAttnProcessor) in its guidance pass (every sample
+    perturbed in the STG blocks: the self-attention gives its values, no attention call) merges in merge mode; the
+    options that act inside the attention call, mode="downsample" and proportional attention, are refused at that call
+    by name, each naming what runs. A video self-attention mask under mode="downsample" is refused likewise."""
+    model = L2.ltx2(perturbed_attn=True).eval()
+    inputs = dict(L2.ltx2_inputs(model), spatio_temporal_guidance_blocks=[0])
+    base = L2.run(model, inputs)
+    tomesd.apply_patch(model, **EVERY_SITE)
+    try:
+        with tomesd.observe(model) as seen:
+            out = L2.run(model, inputs)
+    finally:
+        tomesd.remove_patch(model)
+    assert seen.calls[0].merged_blocks("attn") == [0] and (out - base).abs().max().item() > 1000 * TOL
+    n = inputs["hidden_states"].shape[1]
+    masked = dict(L2.ltx2_inputs(model), video_self_attention_mask=torch.ones(2, n, n))
+    for settings, call, match in ((dict(mode="downsample"), inputs, "no attention call .* use mode='merge'"),
+                                  (dict(ratio=0.5, proportional_attention=True), inputs,
+                                   "made no call of it.*turn proportional_attention off"),
+                                  (dict(mode="downsample"), masked, "attention_mask.*use mode='merge'")):
+        tomesd.apply_patch(model, **settings)
+        try:
+            with pytest.raises((RuntimeError, ValueError), match=match):
+                L2.run(model, call)
+        finally:
+            tomesd.remove_patch(model)
+    assert torch.equal(L2.run(model, inputs), base)
