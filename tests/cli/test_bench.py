@@ -580,3 +580,70 @@ def test_qwen_image_architecture_reads_its_grid_from_img_shapes(tmp_path):
     assert list(rows["tome", "merge"]["tokens"].values()) == [[2 * 16, 2 * 8]]
     assert list(rows["tome", "downsample"]["tokens"].values()) == [[2 * 16, 2 * 4]]
     assert rows["tome", "merge"]["output_change"] > 0 and rows["tome", "downsample"]["output_change"] > 0
+
+
+def _tiny_arch_rows(config, res, tmp_path, extra=()):
+    out_json = tmp_path / "r.json"
+    argv = ["--config", config, "--res", str(res), "--repeats", "1", "--warmup", "0", "--ratios", "0.5,0.75",
+            "--no-memory", "--json", str(out_json), *extra]
+    assert bench(argv) == 0
+    return {(r["method"], r["mode"], r["ratio"]): r for r in json.loads(out_json.read_text())["results"]}
+
+
+def test_z_image_architecture_merges_its_lists_of_latents_and_refuses_downsample(tmp_path, capsys):
+    """--config tiny-z-image stands in for --arch z-image: each sample's latent and caption go in as ZImagePipeline's
+    lists. 64 pixels: an 8x8 latent in 2x2 patches, 16 image tokens (32 with Z-Image's padding to a multiple of 32),
+    128 caption tokens. The noise refiner (image alone) merges 8 or 12 of the 16; each of the 2 main layers (160:
+    [image, its padding, caption]) the same; the context refiner (caption alone, 128) never. Downsampling is not
+    Z-Image's: the default run leaves its row out and --modes downsample is refused by name."""
+    rows = _tiny_arch_rows("tiny-z-image", 64, tmp_path)
+    assert set(rows) == {("baseline", "merge", None), ("tome", "merge", 0.5), ("tome", "merge", 0.75)}
+    tokens = lambda r: sorted(map(tuple, rows[r]["tokens"].values()))  # noqa: E731
+    assert tokens(("baseline", "merge", None)) == [(32, 32), (448, 448)]
+    assert tokens(("tome", "merge", 0.5)) == [(32, 24), (448, 432)]
+    assert tokens(("tome", "merge", 0.75)) == [(32, 20), (448, 424)]
+    half, most = rows["tome", "merge", 0.5], rows["tome", "merge", 0.75]
+    assert 1 < half["flop_speedup"] < most["flop_speedup"]
+    assert half["output_change"] > 1e-3 and most["output_change"] > 1e-3
+    printed = capsys.readouterr().out
+    assert "ToMe (ours) r=0.5 |" in printed and "ToMe (ours) r=0.75 |" in printed and "downsample" not in printed
+
+    assert bench(["--config", "tiny-z-image", "--res", "64", "--modes", "merge,downsample", "--no-memory"]) == 2
+    assert "Z-Image attends over one unified sequence" in capsys.readouterr().err
+
+
+def test_hunyuanvideo15_architecture_counts_its_flops_on_the_cpu(tmp_path, capsys):
+    """--config tiny-hunyuanvideo-1.5 stands in for --arch hunyuanvideo-1.5: 128 pixels are an 8x8 latent (its VAE
+    packs 16x16 pixels), 5 frames 2 latent frames, so 128 image keys at each of the 2 blocks' to_k (the text's go
+    through add_k_proj). Its forward reads tensors on the host, so its FLOPs are counted on the CPU."""
+    rows = _tiny_arch_rows("tiny-hunyuanvideo-1.5", 128, tmp_path)
+    assert set(rows) == {("baseline", "merge", None), ("tome", "merge", 0.5), ("tome", "merge", 0.75)}
+    assert list(rows["baseline", "merge", None]["tokens"].values()) == [[2 * 128, 2 * 128]]
+    assert list(rows["tome", "merge", 0.5]["tokens"].values()) == [[2 * 128, 2 * 64]]
+    assert list(rows["tome", "merge", 0.75]["tokens"].values()) == [[2 * 128, 2 * 32]]
+    half, most = rows["tome", "merge", 0.5], rows["tome", "merge", 0.75]
+    assert 1 < half["flop_speedup"] < most["flop_speedup"]
+    assert half["output_change"] > 1e-3 and most["output_change"] > 1e-3
+    printed = capsys.readouterr().out
+    assert "ToMe (ours) r=0.75 |" in printed and "counted on cpu, one real forward per row" in printed
+
+    assert bench(["--config", "tiny-hunyuanvideo-1.5", "--res", "128", "--modes", "downsample", "--no-memory"]) == 2
+    assert "HunyuanVideo 1.5's processor pads its text mask" in capsys.readouterr().err
+
+
+def test_flops_counted_on_the_cpu_equal_those_counted_on_meta(monkeypatch):
+    """Where a host's forward cannot run on the meta device, its FLOPs are counted on the CPU, whose fused attention
+    kernel the counter does not know: counted as the attention it computes, the CPU's count is the meta device's."""
+    from tomesd.bench import configs
+    from tomesd.bench.flops import fill_flops
+    from tomesd.bench.runner import Row, Settings
+
+    def count():
+        settings = Settings(backend="torch", config="tiny-z-image", res=64, batch=2, ratios=(0.5,), device="cpu")
+        rows = [Row(method="baseline", ratio=None, mode="merge"), Row(method="tome", ratio=0.5, mode="merge")]
+        fill_flops(settings, rows)
+        return [row.flops for row in rows]
+
+    on_meta = count()
+    monkeypatch.setattr(configs.ARCHS["tiny-z-image"], "host_reads", "as if it read tensors on the host")
+    assert count() == on_meta and on_meta[0] > on_meta[1] > 0

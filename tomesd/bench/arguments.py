@@ -7,8 +7,8 @@ from . import caches
 from .configs import ARCHS
 
 ARCH_NAMES = {"sd1": "sd15", "sdxl": "sdxl", "sd3": "sd3", "pixart": "pixart", "flux": "flux", "flux2": "flux2",
-              "flux2-klein": "flux2-klein", "qwen-image": "qwen-image", "animatediff": "animatediff", "svd": "svd",
-              "wan": "wan"}
+              "flux2-klein": "flux2-klein", "qwen-image": "qwen-image", "z-image": "z-image",
+              "animatediff": "animatediff", "svd": "svd", "wan": "wan", "hunyuanvideo-1.5": "hunyuanvideo-1.5"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,11 +22,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="architecture at real width, random weights: sd1 (SD1.5 UNet, the default), sdxl "
                              "(SDXL UNet), sd3 (SD3-medium transformer), pixart (PixArt-alpha 1024), flux "
                              "(Flux.1-dev), animatediff (SD1.5 UNet with AnimateDiff's motion adapter, video), svd "
-                             "(Stable Video Diffusion img2vid-xt UNet), wan (Wan 2.1 T2V 1.3B transformer, video); "
-                             "same as --config sd15/sdxl/sd3/pixart/flux/animatediff/svd/wan")
+                             "(Stable Video Diffusion img2vid-xt UNet), wan (Wan 2.1 T2V 1.3B transformer, video), "
+                             "z-image (Z-Image Turbo), hunyuanvideo-1.5 (HunyuanVideo 1.5 480p T2V, video); flux2, "
+                             "flux2-klein, qwen-image; same as --config of that name (sd1: sd15)")
     parser.add_argument("--frames", type=int, default=None,
                         help="video architectures: frames per clip (default: AnimateDiff 16, SVD 14, Wan 17, i.e. 5 "
-                             "latent frames)")
+                             "latent frames; HunyuanVideo 1.5 5, i.e. 2 latent frames)")
     parser.add_argument("--depth", type=int, default=None,
                         help="transformers: build only this many blocks (default: all; SD3-medium 24, PixArt 28, "
                              "Flux 19 double-stream, with twice as many single-stream)")

@@ -152,8 +152,11 @@ def run(args: argparse.Namespace) -> int:
         print("compiled: one compiled copy of the UNet per configuration (weights shared); tokens and output change "
               "from one eager forward of each copy; ToMe's own time is not separable inside a compiled graph")
     if any(row.flop_speedup is not None for row in rows):
+        from .flops import where_counted
+
         print("FLOPs ratio: the baseline's floating-point operations over the configuration's (one forward, counted "
-              "on the meta device): the speed-up if time followed the matrix products alone. Not a bound: ToMe's "
+              f"{where_counted(settings)}): the speed-up if time followed the matrix products alone. Not a bound: "
+              "ToMe's "
               "gathers and sorts count nothing there (measured speed-ups fall short), nor does attention's softmax "
               "over every pair of tokens, which merging shrinks quadratically (they can exceed it)")
     if cpu_memory:
@@ -195,7 +198,7 @@ def _model_name(settings: Any) -> str:
 
 
 def _flops_only(settings: Any, json_path: Optional[str]) -> int:
-    from .flops import fill_flops
+    from .flops import fill_flops, where_counted
     from .report import label
     from .runner import Row, configurations
 
@@ -203,7 +206,7 @@ def _flops_only(settings: Any, json_path: Optional[str]) -> int:
             for c in configurations(settings)]
     fill_flops(settings, rows)
     print(f"{_model_name(settings)} at {settings.res}x{settings.width or settings.res}, batch {settings.batch}: "
-          f"one forward's floating-point operations, counted on the meta device")
+          f"one forward's floating-point operations, counted {where_counted(settings)}")
     print("| configuration | GFLOPs per forward | FLOPs ratio |\n|---|---|---|")
     for row in rows:
         flops = "-" if row.flops is None else f"{row.flops / 1e9:,.1f}"

@@ -77,6 +77,33 @@ QWEN_IMAGE = dict(patch_size=2, in_channels=64, out_channels=16, num_layers=60, 
 TINY_QWEN_IMAGE = dict(patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16,
                        num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(4, 6, 6))
 QWEN_TEXT_TOKENS = 128  # a prompt of some 100 words after the template: Qwen-Image's text is not padded to a length
+# Z-Image Turbo (diffusers' ZImageTransformer2DModel defaults, the 6B model): 30 main layers of 30 heads x 128
+# (dim 3840) over one unified sequence [image, caption], after 2 noise-refiner layers on the image alone and 2
+# context-refiner layers on the caption alone (--depth cuts the main layers only); Qwen3-4B's hidden states (2560)
+# as the caption, each prompt's valid tokens only (ZImagePipeline drops the padding); Flux's VAE (16 channels, 8x).
+Z_IMAGE_TURBO = dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=3840, n_layers=30,
+                     n_refiner_layers=2, n_heads=30, n_kv_heads=30, cap_feat_dim=2560)
+TINY_Z_IMAGE = dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=4, dim=32, n_layers=2, n_refiner_layers=1,
+                    n_heads=2, n_kv_heads=2, cap_feat_dim=16, axes_dims=[8, 4, 4], axes_lens=[256, 32, 32])
+Z_IMAGE_TEXT_TOKENS = 128  # a prompt after Qwen3's chat template, unpadded (the pipeline keeps its valid tokens)
+# HunyuanVideo 1.5 480p text-to-video (diffusers' scripts/convert_hunyuan_video1_5_to_diffusers.py "480p_t2v": the
+# class's defaults, target_size 640): 54 dual-stream blocks of 16 heads x 128 on a [B, 65, F, H, W] latent (32 noise
+# channels, 32 of the condition's latent and a mask, both zero for text-to-video) patchified 1x1x1; its VAE packs
+# 16x16 pixels and 4 frames (after the first) into a latent cell. The text as HunyuanVideo15Pipeline passes it:
+# Qwen2.5-VL's 3584-wide states padded to 1000 tokens, ByT5's 1472-wide padded to 256, SigLIP's 729 image tokens
+# (zero for text-to-video), with masks; the model joins them valid-first, and every block attends over all 1985.
+HUNYUAN_VIDEO15_480P = dict(in_channels=65, out_channels=32, num_attention_heads=16, attention_head_dim=128,
+                            num_layers=54, num_refiner_layers=2, mlp_ratio=4.0, patch_size=1, patch_size_t=1,
+                            text_embed_dim=3584, text_embed_2_dim=1472, image_embed_dim=1152, target_size=640,
+                            task_type="i2v")
+TINY_HUNYUAN_VIDEO15 = dict(in_channels=9, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=2,
+                            num_refiner_layers=1, mlp_ratio=2.0, patch_size=1, patch_size_t=1, text_embed_dim=16,
+                            text_embed_2_dim=8, image_embed_dim=12, rope_axes_dim=(2, 2, 4), target_size=16,
+                            task_type="t2v")
+# (tokens, valid tokens) per text stream as the 480p pipeline pads them: Qwen2.5-VL's prompt, ByT5's glyph text
+# (none: all padding), SigLIP's image tokens (text-to-video: masked out); the tiny arch's are small.
+HUNYUAN_VIDEO15_TEXT = {"hunyuanvideo-1.5": ((1000, 128), (256, 0), (729, 0)),
+                        "tiny-hunyuanvideo-1.5": ((12, 6), (4, 0), (3, 0))}
 # AnimateDiff's SD1.5 motion adapter (v1.5-2): two motion modules per block and a motion mid block.
 SD15_MOTION_ADAPTER = dict(
     block_out_channels=(320, 640, 1280, 1280), motion_layers_per_block=2, motion_num_attention_heads=8,
@@ -118,7 +145,8 @@ class Arch:
 
     def __init__(self, name: str, cls: str, config: dict, latent_channels: int, text_dim: int,
                  pooled_dim: int = 0, depth_key: str = "", extra: str = "", motion: "dict | None" = None,
-                 frames: int = 0, singles_per_double: int = 0):
+                 frames: int = 0, singles_per_double: int = 0, no_downsample: str = "", host_reads: str = "",
+                 vae_factor: int = 8):
         self.name, self.cls, self.config = name, cls, config
         self.latent_channels, self.text_dim, self.pooled_dim = latent_channels, text_dim, pooled_dim
         self.depth_key, self.extra = depth_key, extra
@@ -126,6 +154,13 @@ class Arch:
         self.frames = frames or (16 if motion is not None else 0)  # video: the default frames per clip
         # Flux-style: --depth D keeps D double-stream blocks and this many single-stream blocks per double one
         self.singles_per_double = singles_per_double
+        # Why the family refuses mode="downsample" ("": it runs): the bench leaves its row out by default and
+        # refuses --modes downsample with this reason.
+        self.no_downsample = no_downsample
+        # Why the host's forward cannot run on the meta device ("": it can): its FLOPs are then counted on the
+        # bench's device, one real forward per counted row (flops.py).
+        self.host_reads = host_reads
+        self.vae_factor = vae_factor  # pixels per latent cell along a side
 
     @property
     def video(self) -> bool:
@@ -146,6 +181,14 @@ class Arch:
             if self.singles_per_double:  # single-stream blocks cut alike
                 config["num_single_layers"] = self.singles_per_double * depth
         return config
+
+
+# Why these families refuse mode="downsample" (docs/limits.md): no seam hands their attention the image's keys alone.
+_UNIFIED_DOWNSAMPLE = ("Z-Image attends over one unified sequence under a key-padding mask over every token: "
+                       "tomesd refuses mode='downsample' there")
+_HV15_DOWNSAMPLE = ("HunyuanVideo 1.5's processor pads its text mask to the joined [image, text] length itself, so "
+                    "its keys cannot be fewer than its queries: tomesd refuses mode='downsample' there")
+_HV15_HOST_READS = "its forward branches on torch.all(image_embeds == 0) and reorders the text by boolean masks"
 
 
 ARCHS = {
@@ -175,11 +218,23 @@ ARCHS = {
                        extra="qwen-image"),
     "tiny-qwen-image": Arch("tiny Qwen-Image transformer", "QwenImageTransformer2DModel", TINY_QWEN_IMAGE, 4, 32, 0,
                             "num_layers", extra="qwen-image"),
+    # --depth D: D of the 30 main layers; the 2 noise- and 2 context-refiner layers stay
+    "z-image": Arch("Z-Image Turbo transformer", "ZImageTransformer2DModel", Z_IMAGE_TURBO, 16, 2560, 0, "n_layers",
+                    extra="z-image", no_downsample=_UNIFIED_DOWNSAMPLE),
+    "tiny-z-image": Arch("tiny Z-Image transformer", "ZImageTransformer2DModel", TINY_Z_IMAGE, 4, 16, 0, "n_layers",
+                         extra="z-image", no_downsample=_UNIFIED_DOWNSAMPLE),
     "svd": Arch("SVD img2vid-xt UNet", "UNetSpatioTemporalConditionModel", SVD_XT, 4, 1024, extra="svd", frames=14),
     "tiny-svd": Arch("tiny SVD UNet", "UNetSpatioTemporalConditionModel", TINY_SVD, 4, 32, extra="svd", frames=3),
     "wan": Arch("Wan 2.1 T2V 1.3B transformer", "WanTransformer3DModel", WAN_13B, 16, 4096, 0, "num_layers",
                 extra="wan", frames=17),
     "tiny-wan": Arch("tiny Wan transformer", "WanTransformer3DModel", TINY_WAN, 4, 32, 0, "num_layers", extra="wan",
                      frames=5),
+    # --depth D: D of the 54 dual-stream blocks; the text refiner's 2 stay. Frames: 5 = 2 latent frames by default
+    "hunyuanvideo-1.5": Arch("HunyuanVideo 1.5 480p T2V transformer", "HunyuanVideo15Transformer3DModel",
+                            HUNYUAN_VIDEO15_480P, 32, 3584, 0, "num_layers", extra="hunyuanvideo-1.5", frames=5,
+                            no_downsample=_HV15_DOWNSAMPLE, host_reads=_HV15_HOST_READS, vae_factor=16),
+    "tiny-hunyuanvideo-1.5": Arch("tiny HunyuanVideo 1.5 transformer", "HunyuanVideo15Transformer3DModel",
+                                 TINY_HUNYUAN_VIDEO15, 4, 16, 0, "num_layers", extra="hunyuanvideo-1.5", frames=5,
+                                 no_downsample=_HV15_DOWNSAMPLE, host_reads=_HV15_HOST_READS, vae_factor=16),
 }
 FLUX_TEXT_TOKENS = 512  # Flux-dev's T5 sequence

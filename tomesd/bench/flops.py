@@ -29,20 +29,48 @@ def fill_flops(settings: Any, rows: List[Any]) -> None:
     from .runner import Config
     from .torch_kit import TorchKit
 
-    kit = TorchKit("meta", settings.dtype)
-    with torch.device("meta"):
+    arch = ARCHS[settings.config]
+    # A host whose forward reads tensors on the host (arch.host_reads) is counted on the bench's device instead:
+    # one real forward per row, its CPU attention kernel counted as the products it computes.
+    device = settings.device if arch.host_reads else "meta"
+    kit = TorchKit(device, settings.dtype)
+    with torch.device(kit.device):
         model = kit.build(settings.config, settings.seed, settings.depth)
     inputs = kit.inputs(settings.config, settings.batch, settings.res, settings.seed + 1, settings.frames,
                         settings.width or None)
-    flux = ARCHS[settings.config].extra in ("flux", "flux2")
+    flux = arch.extra in ("flux", "flux2")
     for row in rows:
         if not countable(row) or (flux and row.mode == "downsample"):
             continue  # Flux's downsampling reads its image grid from img_ids on the host: not on meta
         with kit.method(model, Config(row.method, row.ratio, row.mode, row.reuse_steps), settings):
-            with FlopCounterMode(display=False) as counter:
+            with FlopCounterMode(display=False, custom_mapping=_cpu_attention(torch, device)) as counter:
                 kit.forward(model, inputs)
         row.flops = int(counter.get_total_flops())
     base = rows[0].flops
     for row in rows:
         if row.flops:
             row.flop_speedup = base / row.flops
+
+
+def _cpu_attention(torch: Any, device: str) -> dict:
+    """torch's fused CPU attention, which the counter does not know, counted as the attention it computes (the
+    formula the counter gives the GPU's fused kernels). On the meta device attention decomposes and is counted
+    anyway; this serves the hosts counted on the CPU."""
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    if device == "meta":
+        return {}
+
+    def flops(query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> int:
+        return sdpa_flop_count(query, key, value)  # shapes: the counter passes each tensor's shape
+
+    return {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: flops}
+
+
+def where_counted(settings: Any) -> str:
+    """Where fill_flops counts this architecture, for the printed note."""
+    from .configs import ARCHS
+
+    reads = ARCHS[settings.config].host_reads
+    return (f"on {settings.device}, one real forward per row ({reads}: not on the meta device)") if reads \
+        else "on the meta device"

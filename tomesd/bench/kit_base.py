@@ -84,6 +84,15 @@ def _call_model(model: Any, x: Any, t: Any, c: Any, extra: Dict[str, Any]) -> An
     timestep per sample."""
     if "UNet" in type(model).__name__:
         return model(x, t, c, **extra).sample
+    if type(model).__name__ == "ZImageTransformer2DModel":
+        # Lists of per-sample latents [C, 1, H, W] and captions [L, D], as ZImagePipeline unbinds its batch; its
+        # timestep runs from 1 (noise) to 0, (1000 - t) / 1000; the outputs (a list) stacked back into a batch.
+        import torch
+
+        out = model(list(x.unbind(0)), (1000 - t.expand(x.shape[0])) / 1000, list(c.unbind(0)), return_dict=False)[0]
+        return torch.stack(out)
+    if type(model).__name__ == "HunyuanVideo15Transformer3DModel":
+        t = t.to(x.dtype)  # as its pipeline passes it (its time embedding takes no integer timestep)
     return model(hidden_states=x, timestep=t.expand(x.shape[0]), encoder_hidden_states=c, **extra).sample
 
 

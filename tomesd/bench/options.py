@@ -141,8 +141,13 @@ def prepare(args: argparse.Namespace) -> Prepared:
     if args.arch is not None:
         args.config = ARCH_NAMES[args.arch]
     arch = ARCHS[args.config]
+    if arch.no_downsample and "downsample" in modes:
+        if args.modes:  # asked for by name: refused with the family's reason
+            raise ValueError(f"--modes downsample: {arch.no_downsample}; run --modes merge")
+        modes.remove("downsample")  # the default's downsample row is not this family's
     if args.frames is not None and not arch.video:
-        raise ValueError(f"--frames is for video architectures (animatediff, svd, wan); {arch.name} is an image model")
+        raise ValueError(f"--frames is for video architectures (animatediff, svd, wan, hunyuanvideo-1.5); {arch.name} "
+                         "is an image model")
     if args.frames is not None and args.frames < 1:
         raise ValueError("--frames must be at least 1")
     if args.flops_only and (args.backend != "torch" or args.model is not None or args.compile):

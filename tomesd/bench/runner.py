@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
+from .configs import ARCHS
 from .kit_base import timed
 from .kits import make_kit
 from .own_time import MachineryTimer, host_seconds, own_work
@@ -144,6 +145,8 @@ def _measure(settings: Settings, kit: Any, model: Any, loop: List[Tuple[Any, ...
     rows = {cfg: Row(method=cfg.method, ratio=cfg.ratio, mode=cfg.mode, reuse_steps=cfg.reuse_steps, cache=cfg.cache)
             for cfg in configs}
     inputs = loop[0]
+    vae = ARCHS[settings.config].vae_factor  # pixels per latent cell: the latent whose levels tokens are counted on
+    latent_hw = (settings.res // vae, (settings.width or settings.res) // vae)
 
     def run_loop(model: Any, outs: Optional[List[Any]] = None) -> Any:
         for step_inputs in loop:
@@ -241,8 +244,7 @@ def _measure(settings: Settings, kit: Any, model: Any, loop: List[Tuple[Any, ...
         # ToMe's share of the same forward its time was counted in (the timed forwards ran elsewhere).
         row.tome_fraction = None if row.tome_time_s is None else row.tome_time_s / max(counted_s, 1e-12)
         row.tokens = {level: [n // len(loop) for n in pair]  # per UNet call
-                      for level, pair in tokens_per_level((settings.res // 8, (settings.width or settings.res) // 8),
-                                                                      baseline_seen, counts(seen)).items()}
+                      for level, pair in tokens_per_level(latent_hw, baseline_seen, counts(seen)).items()}
         row.output_change = _relative(out, baseline_out)
         if len(loop) > 1:
             row.loop_change = statistics.fmean(_relative(o, b) for o, b in zip(outs, baseline_outs))

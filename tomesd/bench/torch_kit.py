@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from .configs import ARCHS, FLUX_TEXT_TOKENS, QWEN_TEXT_TOKENS, TEXT_TOKENS, WAN_TEXT_TOKENS
+from .configs import (ARCHS, FLUX_TEXT_TOKENS, HUNYUAN_VIDEO15_TEXT, QWEN_TEXT_TOKENS, TEXT_TOKENS, WAN_TEXT_TOKENS,
+                      Z_IMAGE_TEXT_TOKENS)
 from .kit_base import MissingBackend, _call_model, _Compiled, _Kit, loop_timesteps
 
 
@@ -57,8 +58,8 @@ class TorchKit(_Kit):
         VAE's (frames - 1) / 4 + 1 latent frames and the text once."""
         arch, torch = ARCHS[config], self.torch
         gen = torch.Generator().manual_seed(seed)
-        latent = res // 8
-        latent_w = (width or res) // 8
+        latent = res // arch.vae_factor
+        latent_w = (width or res) // arch.vae_factor
         cast = lambda t: t.to(self.device, self.dtype)  # noqa: E731
         extra: Dict[str, Any] = {}
         if arch.extra == "flux":  # a packed latent: one token per 2x2 latent patch, 4x the channels
@@ -85,6 +86,20 @@ class TorchKit(_Kit):
             x = cast(torch.randn(batch, side * side, 4 * arch.latent_channels, generator=gen))
             c = cast(torch.randn(batch, QWEN_TEXT_TOKENS, arch.text_dim, generator=gen))
             extra.update(img_shapes=[[(1, side, side)]] * batch, encoder_hidden_states_mask=None)
+        elif arch.extra == "z-image":  # batched here; _call_model unbinds them into ZImagePipeline's per-sample lists
+            x = cast(torch.randn(batch, arch.latent_channels, 1, latent, latent_w, generator=gen))
+            c = cast(torch.randn(batch, Z_IMAGE_TEXT_TOKENS, arch.text_dim, generator=gen))
+        elif arch.extra == "hunyuanvideo-1.5":  # [noise, the condition's latent, its mask] (zero for text-to-video)
+            shape = (batch, arch.latent_channels, (frames - 1) // 4 + 1, latent, latent_w)
+            x = cast(torch.cat([torch.randn(*shape, generator=gen), torch.zeros(*shape),
+                                torch.zeros(*shape[:1], 1, *shape[2:])], dim=1))
+            (n1, v1), (n2, v2), (n3, _) = HUNYUAN_VIDEO15_TEXT[config]  # (tokens, valid) per stream
+            c = cast(torch.randn(batch, n1, arch.text_dim, generator=gen))
+            cfg = arch.config
+            extra.update(encoder_attention_mask=cast(torch.arange(n1).expand(batch, n1) < v1),
+                         encoder_hidden_states_2=cast(torch.randn(batch, n2, cfg["text_embed_2_dim"], generator=gen)),
+                         encoder_attention_mask_2=cast(torch.arange(n2).expand(batch, n2) < v2),
+                         image_embeds=cast(torch.zeros(batch, n3, cfg["image_embed_dim"])))
         elif arch.extra == "svd":  # [B, F, C, H, W]: noise and the conditioning image's latent; one image embedding
             x = cast(torch.randn(batch, frames, 2 * arch.latent_channels, latent, latent_w, generator=gen))
             c = cast(torch.randn(batch, 1, arch.text_dim, generator=gen))
