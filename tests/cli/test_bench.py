@@ -593,20 +593,27 @@ def _tiny_arch_rows(config, res, tmp_path, extra=()):
 def test_z_image_architecture_merges_its_lists_of_latents_and_refuses_downsample(tmp_path, capsys):
     """--config tiny-z-image stands in for --arch z-image: each sample's latent and caption go in as ZImagePipeline's
     lists. 64 pixels: an 8x8 latent in 2x2 patches, 16 image tokens (32 with Z-Image's padding to a multiple of 32),
-    128 caption tokens. The noise refiner (image alone) merges 8 or 12 of the 16; each of the 2 main layers (160:
-    [image, its padding, caption]) the same; the context refiner (caption alone, 128) never. Downsampling is not
-    Z-Image's: the default run leaves its row out and --modes downsample is refused by name."""
-    rows = _tiny_arch_rows("tiny-z-image", 64, tmp_path)
+    128 caption tokens. --depth 1: 1 main layer and 1 refiner a side. The noise refiner (image alone) merges 8 or 12
+    of the 16; the main layer (160: [image, its padding, caption]) the same; the context refiner (caption alone, 128)
+    never. Downsampling is not Z-Image's: the default run leaves its row out and --modes downsample is refused by
+    name."""
+    from tomesd.bench.configs import ARCHS
+
+    rows = _tiny_arch_rows("tiny-z-image", 64, tmp_path, ["--depth", "1"])
     assert set(rows) == {("baseline", "merge", None), ("tome", "merge", 0.5), ("tome", "merge", 0.75)}
     tokens = lambda r: sorted(map(tuple, rows[r]["tokens"].values()))  # noqa: E731
-    assert tokens(("baseline", "merge", None)) == [(32, 32), (448, 448)]
-    assert tokens(("tome", "merge", 0.5)) == [(32, 24), (448, 432)]
-    assert tokens(("tome", "merge", 0.75)) == [(32, 20), (448, 424)]
+    assert tokens(("baseline", "merge", None)) == [(32, 32), (288, 288)]
+    assert tokens(("tome", "merge", 0.5)) == [(32, 24), (288, 280)]
+    assert tokens(("tome", "merge", 0.75)) == [(32, 20), (288, 276)]
     half, most = rows["tome", "merge", 0.5], rows["tome", "merge", 0.75]
     assert 1 < half["flop_speedup"] < most["flop_speedup"]
     assert half["output_change"] > 1e-3 and most["output_change"] > 1e-3
     printed = capsys.readouterr().out
     assert "ToMe (ours) r=0.5 |" in printed and "ToMe (ours) r=0.75 |" in printed and "downsample" not in printed
+    assert "(1 of 2 main blocks, 1 of 1 refiner blocks on each side)" in printed
+    # the real width's cut: D main layers, at most D of its 2 refiner layers a side
+    assert [(c["n_layers"], c["n_refiner_layers"]) for c in map(ARCHS["z-image"].build_config, (1, 4, None))] == \
+        [(1, 1), (4, 2), (30, 2)]
 
     assert bench(["--config", "tiny-z-image", "--res", "64", "--modes", "merge,downsample", "--no-memory"]) == 2
     assert "Z-Image attends over one unified sequence" in capsys.readouterr().err

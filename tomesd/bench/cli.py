@@ -190,6 +190,10 @@ def _model_name(settings: Any) -> str:
     if settings.depth and arch.singles_per_double:
         name += (f" ({settings.depth} of {arch.full_depth} double-stream and {arch.singles_per_double * settings.depth} of "
                  f"{arch.config['num_single_layers']} single-stream blocks)")
+    elif settings.depth and arch.refiners_key:
+        kept = min(settings.depth, arch.config[arch.refiners_key])
+        name += (f" ({settings.depth} of {arch.full_depth} main blocks, {kept} of {arch.config[arch.refiners_key]} "
+                 f"refiner blocks on each side)")
     elif settings.depth:
         name += f" ({settings.depth} of {arch.full_depth} blocks)"
     if arch.video:

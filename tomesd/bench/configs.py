@@ -79,7 +79,7 @@ TINY_QWEN_IMAGE = dict(patch_size=2, in_channels=16, out_channels=4, num_layers=
 QWEN_TEXT_TOKENS = 128  # a prompt of some 100 words after the template: Qwen-Image's text is not padded to a length
 # Z-Image Turbo (diffusers' ZImageTransformer2DModel defaults, the 6B model): 30 main layers of 30 heads x 128
 # (dim 3840) over one unified sequence [image, caption], after 2 noise-refiner layers on the image alone and 2
-# context-refiner layers on the caption alone (--depth cuts the main layers only); Qwen3-4B's hidden states (2560)
+# context-refiner layers on the caption alone (--depth D: D main layers, at most D refiner layers a side); Qwen3-4B's hidden states (2560)
 # as the caption, each prompt's valid tokens only (ZImagePipeline drops the padding); Flux's VAE (16 channels, 8x).
 Z_IMAGE_TURBO = dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=3840, n_layers=30,
                      n_refiner_layers=2, n_heads=30, n_kv_heads=30, cap_feat_dim=2560)
@@ -146,7 +146,7 @@ class Arch:
     def __init__(self, name: str, cls: str, config: dict, latent_channels: int, text_dim: int,
                  pooled_dim: int = 0, depth_key: str = "", extra: str = "", motion: "dict | None" = None,
                  frames: int = 0, singles_per_double: int = 0, no_downsample: str = "", host_reads: str = "",
-                 vae_factor: int = 8):
+                 vae_factor: int = 8, refiners_key: str = ""):
         self.name, self.cls, self.config = name, cls, config
         self.latent_channels, self.text_dim, self.pooled_dim = latent_channels, text_dim, pooled_dim
         self.depth_key, self.extra = depth_key, extra
@@ -161,6 +161,9 @@ class Arch:
         # bench's device, one real forward per counted row (flops.py).
         self.host_reads = host_reads
         self.vae_factor = vae_factor  # pixels per latent cell along a side
+        # Z-Image: --depth D also keeps at most D of the refiner layers on each side (config entry `refiners_key`),
+        # so a cut model weighs its refiners nearer their share of the full one (2 of 32 image blocks)
+        self.refiners_key = refiners_key
 
     @property
     def video(self) -> bool:
@@ -180,6 +183,8 @@ class Arch:
             config[self.depth_key] = depth
             if self.singles_per_double:  # single-stream blocks cut alike
                 config["num_single_layers"] = self.singles_per_double * depth
+            if self.refiners_key:
+                config[self.refiners_key] = min(depth, config[self.refiners_key])
         return config
 
 
@@ -218,11 +223,11 @@ ARCHS = {
                        extra="qwen-image"),
     "tiny-qwen-image": Arch("tiny Qwen-Image transformer", "QwenImageTransformer2DModel", TINY_QWEN_IMAGE, 4, 32, 0,
                             "num_layers", extra="qwen-image"),
-    # --depth D: D of the 30 main layers; the 2 noise- and 2 context-refiner layers stay
+    # --depth D: D of the 30 main layers and min(D, 2) of the noise- and of the context-refiner layers
     "z-image": Arch("Z-Image Turbo transformer", "ZImageTransformer2DModel", Z_IMAGE_TURBO, 16, 2560, 0, "n_layers",
-                    extra="z-image", no_downsample=_UNIFIED_DOWNSAMPLE),
+                    extra="z-image", no_downsample=_UNIFIED_DOWNSAMPLE, refiners_key="n_refiner_layers"),
     "tiny-z-image": Arch("tiny Z-Image transformer", "ZImageTransformer2DModel", TINY_Z_IMAGE, 4, 16, 0, "n_layers",
-                         extra="z-image", no_downsample=_UNIFIED_DOWNSAMPLE),
+                         extra="z-image", no_downsample=_UNIFIED_DOWNSAMPLE, refiners_key="n_refiner_layers"),
     "svd": Arch("SVD img2vid-xt UNet", "UNetSpatioTemporalConditionModel", SVD_XT, 4, 1024, extra="svd", frames=14),
     "tiny-svd": Arch("tiny SVD UNet", "UNetSpatioTemporalConditionModel", TINY_SVD, 4, 32, extra="svd", frames=3),
     "wan": Arch("Wan 2.1 T2V 1.3B transformer", "WanTransformer3DModel", WAN_13B, 16, 4096, 0, "num_layers",
