@@ -636,6 +636,8 @@ def test_hunyuanvideo15_architecture_counts_its_flops_on_the_cpu(tmp_path, capsy
 
     assert bench(["--config", "tiny-hunyuanvideo-1.5", "--res", "128", "--modes", "downsample", "--no-memory"]) == 2
     assert "HunyuanVideo 1.5's processor pads its text mask" in capsys.readouterr().err
+    assert bench(["--config", "tiny-hunyuanvideo-1.5", "--res", "120", "--modes", "merge", "--no-memory"]) == 2
+    assert "--res must be a multiple of 16" in capsys.readouterr().err
 
 
 def test_flops_counted_on_the_cpu_equal_those_counted_on_meta(monkeypatch):

@@ -141,6 +141,8 @@ def prepare(args: argparse.Namespace) -> Prepared:
     if args.arch is not None:
         args.config = ARCH_NAMES[args.arch]
     arch = ARCHS[args.config]
+    if height % arch.vae_factor or width % arch.vae_factor:
+        raise ValueError(f"--res must be a multiple of {arch.vae_factor} for {arch.name} (its VAE's downsampling)")
     if arch.no_downsample and "downsample" in modes:
         if args.modes:  # asked for by name: refused with the family's reason
             raise ValueError(f"--modes downsample: {arch.no_downsample}; run --modes merge")
