@@ -185,6 +185,19 @@ def qwen_patcher(seed: int = 0):
     return model_patcher("QwenImage", QWEN_COMFY, seed=seed)
 
 
+# ComfyUI's NextDiT as Lumina 2 and as Z-Image (pad tokens to a multiple of 32; its AdaLN takes 256 channels, so
+# dim 256): tests/comfy/test_comfyui_nextdit_ltx.py.
+LUMINA2_COMFY = dict(image_model="lumina2", patch_size=2, in_channels=4, dim=32, n_layers=2, n_refiner_layers=1,
+                     n_heads=2, n_kv_heads=2, multiple_of=16, ffn_dim_multiplier=None, qk_norm=True, cap_feat_dim=32,
+                     axes_dims=[4, 6, 6], axes_lens=[300, 512, 512])
+ZIMAGE_COMFY = dict(LUMINA2_COMFY, dim=256, n_heads=16, n_kv_heads=16, z_image_modulation=True, time_scale=1000.0,
+                    pad_tokens_multiple=32)
+
+
+def nextdit_patcher(seed: int = 0, z_image: bool = False):
+    return model_patcher("ZImage" if z_image else "Lumina2", ZIMAGE_COMFY if z_image else LUMINA2_COMFY, seed=seed)
+
+
 def sd3_patcher(seed: int = 0, sd35: bool = False):
     return model_patcher("SD3", SD35_COMFY if sd35 else SD3_COMFY, seed=seed)
 

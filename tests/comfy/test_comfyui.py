@@ -29,11 +29,13 @@ def todo(model, factor=2, method="nearest", levels="auto", blocks="", start=0.0,
 def _inputs(family: str, seed: int = 1):
     gen = torch.Generator().manual_seed(seed)
     # Wan's latent [B, C, F, H, W]; Qwen-Image's is Wan 2.1's format (16 channels) with one frame.
-    latent = {"wan": (2, 4, 3, 8, 8), "qwen": (2, 16, 1, 16, 16)}.get(family, (2, 4, 16, 16))
+    latent = {"wan": (2, 4, 3, 8, 8), "qwen": (2, 16, 1, 16, 16), "zimage": (2, 4, 12, 12)}.get(family, (2, 4, 16, 16))
     text = {"flux": 5, "chroma": 5, "flux2": 5, "wan": 8, "qwen": 8}.get(family, 7)
     conds = {"y": torch.randn(2, 32, generator=gen)} if family in ("flux", "sd3", "sd3.5") else {}
     if family in ("chroma", "flux2"):  # guidance embedded, no pooled vector
         conds = {"guidance": torch.full((2,), 3.5)}
+    if family in ("lumina2", "zimage"):  # NextDiT's text length
+        conds = {"num_tokens": text}
     return (torch.randn(latent, generator=gen), SIGMA, torch.randn(2, text, 32, generator=gen)), conds
 
 
@@ -50,6 +52,8 @@ def _model(family: str):
         return comfy_host.sd3_patcher(sd35=family == "sd3.5")
     if family == "qwen":
         return comfy_host.qwen_patcher()
+    if family in ("lumina2", "zimage"):
+        return comfy_host.nextdit_patcher(z_image=family == "zimage")
     return comfy_host.wan_patcher()
 
 
@@ -68,6 +72,12 @@ EXPECTED = {
     # Qwen-Image: double-stream blocks whose attention and image MLP see the 64 image tokens alone (a table entry:
     # its root and its block kind)
     "qwen": ("Qwen-Image (ComfyUI)", {0: ("attn", 64, 32), 1: ("mlp", 64, 32)}),
+    # NextDiT (test_comfyui_nextdit_ltx.py): block 0 the noise refiner on the image's 64 tokens; 1-2 the main layers on
+    # [7 caption, 64 image] (the context refiner, on the caption alone, is not among the blocks). Z-Image: 36 image
+    # tokens (12x12 latent) and 28 pad tokens after them in the noise refiner, 32 caption tokens (7, padded) before
+    # them in the main layers: 18 image tokens merge, the caption and pads pass whole.
+    "lumina2": ("Lumina 2 / Z-Image (ComfyUI)", {0: ("attn", 64, 32), 1: ("mlp", 71, 39), 2: ("attn", 71, 39)}),
+    "zimage": ("Lumina 2 / Z-Image (ComfyUI)", {0: ("attn", 64, 46), 1: ("mlp", 96, 78), 2: ("attn", 96, 78)}),
 }
 
 

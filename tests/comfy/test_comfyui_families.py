@@ -1,7 +1,7 @@
 """ComfyUI's model families beyond test_comfyui.py's contract: Qwen-Image (a table entry: its root and block kind)
 in a sampler run, with its rotary rows following the merged tokens and its refusals; and the families that do not
-fit ToMe's tables (HunyuanVideo, LTX-Video, Lumina 2 / Z-Image, HiDream, Cosmos Predict2), each refused before a
-wrong output, with what the runtime would need to merge it."""
+fit ToMe's tables (HunyuanVideo, LTX-Video, HiDream, Cosmos Predict2), each refused before a wrong output, with what
+the runtime would need to merge it. (Lumina 2 / Z-Image merge: test_comfyui_nextdit_ltx.py.)"""
 from __future__ import annotations
 
 import pytest
@@ -119,15 +119,6 @@ UNFIT = {
     "ltxv": ("LTXV", dict(image_model="ltxv", in_channels=4, cross_attention_dim=32, attention_head_dim=16,
                           num_attention_heads=2, caption_channels=32, num_layers=2),
              lambda g: ((torch.randn(2, 4, 3, 8, 8, generator=g), SIGMA, _text(g)), {"attention_mask": None})),
-    # Its blocks (class JointTransformerBlock, as SD3's in diffusers) include the context_refiner's, which see the
-    # text alone (the layout finds fewer tokens than the image's and refuses), and Z-Image pads the image's tokens
-    # with pad tokens after them (pad_tokens_multiple=32), so the image is not the sequence's last N (with those
-    # blocks left out, 36 image tokens merged with 28 pad tokens: seen). Needs: blocks of a root left out by where
-    # they sit, a kind apart from SD3's, and a tail of pad tokens the layout passes whole.
-    "lumina2": ("Lumina2", dict(image_model="lumina2", patch_size=2, in_channels=4, dim=32, n_layers=2,
-                                n_refiner_layers=1, n_heads=2, n_kv_heads=2, multiple_of=16, ffn_dim_multiplier=None,
-                                qk_norm=True, cap_feat_dim=32, axes_dims=[4, 6, 6], axes_lens=[300, 512, 512]),
-                lambda g: ((torch.randn(2, 4, 16, 16, generator=g), SIGMA, _text(g)), {"num_tokens": 6})),
     # Image first everywhere: the joint attention's rows are [image, text], and its single blocks see [image, text]
     # (entries as for Flux's blocks ran, merging text with image: seen). Needs: merging the head of a sequence and
     # rows with the image first; and its edit model (E1) joins the condition image along the width.

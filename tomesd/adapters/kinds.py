@@ -283,8 +283,8 @@ def foreign_to_unets(blocks: Any) -> List[str]:
 
 
 _BY_CLASS: Dict[str, Tuple[BlockKind, ...]] = {}
-for _kind in BLOCK_KINDS.values():
-    _BY_CLASS[_kind.class_name] = _BY_CLASS.get(_kind.class_name, ()) + (_kind,)
+for _kind in BLOCK_KINDS.values():  # of kinds sharing a class name, one kept to a module is tried first
+    _BY_CLASS[_kind.class_name] = tuple(sorted(_BY_CLASS.get(_kind.class_name, ()) + (_kind,), key=lambda k: -len(k.module)))
 
 KNOWN_BLOCKS = ", ".join(_BY_CLASS)
 

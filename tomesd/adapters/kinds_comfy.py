@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Tuple
 
 from .kind_types import BlockKind, Span, Sublayer
+from .kinds_comfy_nextdit import COMFY_NEXTDIT_KINDS
 
 
 def _rotates_inside(model: str) -> str:
@@ -86,4 +87,4 @@ COMFY_KINDS: Tuple[BlockKind, ...] = (
             "mode='merge'"),
         module="comfy.",  # diffusers' class of this name takes rows (image, text) [S, D]: kinds_video.py
     ),
-)
+) + COMFY_NEXTDIT_KINDS  # ComfyUI's NextDiT (Lumina 2, Z-Image)

@@ -154,6 +154,11 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
     RootKind("Qwen-Image (ComfyUI)", ("QwenImageTransformer2DModel",), "spacetime", frame_axis=2, module="comfy.",
              supported="ComfyUI's Qwen-Image (comfy.ldm.qwen_image.model.QwenImageTransformer2DModel; without "
                        "reference latents)"),
+    # ComfyUI's NextDiT (Lumina 2, Z-Image): [caption, image, pad] in its main layers, [image, pad] in its noise
+    # refiner (layouts_comfy_nextdit.py); its context refiner's blocks see the caption alone and are left out.
+    RootKind("Lumina 2 / Z-Image (ComfyUI)", ("NextDiT",), "comfy_nextdit", module="comfy.",
+             skip_blocks=("context_refiner",),
+             supported="ComfyUI's Lumina 2 and Z-Image (comfy.ldm.lumina.model.NextDiT)"),
     # diffusers' Qwen-Image: a packed latent [B, N, C] whose grid is its `img_shapes` argument, per sample (frames,
     # rows, cols) of each image. Qwen-Image-Edit (and Edit Plus; Layered) join reference images' tokens after the
     # target's, each with its own entry after the target's: they pass whole (TokenMerge.with_passing_tail). Its
