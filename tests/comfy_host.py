@@ -186,16 +186,22 @@ def qwen_patcher(seed: int = 0):
 
 
 # ComfyUI's NextDiT as Lumina 2 and as Z-Image (pad tokens to a multiple of 32; its AdaLN takes 256 channels, so
-# dim 256): tests/comfy/test_comfyui_nextdit_ltx.py.
+# dim 256), and LTX-Video (patchifier (1, 1, 1)): tests/comfy/test_comfyui_nextdit_ltx.py.
 LUMINA2_COMFY = dict(image_model="lumina2", patch_size=2, in_channels=4, dim=32, n_layers=2, n_refiner_layers=1,
                      n_heads=2, n_kv_heads=2, multiple_of=16, ffn_dim_multiplier=None, qk_norm=True, cap_feat_dim=32,
                      axes_dims=[4, 6, 6], axes_lens=[300, 512, 512])
 ZIMAGE_COMFY = dict(LUMINA2_COMFY, dim=256, n_heads=16, n_kv_heads=16, z_image_modulation=True, time_scale=1000.0,
                     pad_tokens_multiple=32)
+LTXV_COMFY = dict(image_model="ltxv", in_channels=4, cross_attention_dim=32, attention_head_dim=16,
+                  num_attention_heads=2, caption_channels=32, num_layers=2)
 
 
 def nextdit_patcher(seed: int = 0, z_image: bool = False):
     return model_patcher("ZImage" if z_image else "Lumina2", ZIMAGE_COMFY if z_image else LUMINA2_COMFY, seed=seed)
+
+
+def ltxv_patcher(seed: int = 0):
+    return model_patcher("LTXV", LTXV_COMFY, seed=seed)
 
 
 def sd3_patcher(seed: int = 0, sd35: bool = False):

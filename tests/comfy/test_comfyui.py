@@ -29,13 +29,14 @@ def todo(model, factor=2, method="nearest", levels="auto", blocks="", start=0.0,
 def _inputs(family: str, seed: int = 1):
     gen = torch.Generator().manual_seed(seed)
     # Wan's latent [B, C, F, H, W]; Qwen-Image's is Wan 2.1's format (16 channels) with one frame.
-    latent = {"wan": (2, 4, 3, 8, 8), "qwen": (2, 16, 1, 16, 16), "zimage": (2, 4, 12, 12)}.get(family, (2, 4, 16, 16))
+    latent = {"wan": (2, 4, 3, 8, 8), "qwen": (2, 16, 1, 16, 16), "zimage": (2, 4, 12, 12),
+              "ltxv": (2, 4, 3, 8, 8)}.get(family, (2, 4, 16, 16))
     text = {"flux": 5, "chroma": 5, "flux2": 5, "wan": 8, "qwen": 8}.get(family, 7)
     conds = {"y": torch.randn(2, 32, generator=gen)} if family in ("flux", "sd3", "sd3.5") else {}
     if family in ("chroma", "flux2"):  # guidance embedded, no pooled vector
         conds = {"guidance": torch.full((2,), 3.5)}
-    if family in ("lumina2", "zimage"):  # NextDiT's text length
-        conds = {"num_tokens": text}
+    if family in ("lumina2", "zimage", "ltxv"):  # NextDiT's text length; LTX-Video's mask argument
+        conds = {"attention_mask": None} if family == "ltxv" else {"num_tokens": text}
     return (torch.randn(latent, generator=gen), SIGMA, torch.randn(2, text, 32, generator=gen)), conds
 
 
@@ -54,6 +55,8 @@ def _model(family: str):
         return comfy_host.qwen_patcher()
     if family in ("lumina2", "zimage"):
         return comfy_host.nextdit_patcher(z_image=family == "zimage")
+    if family == "ltxv":
+        return comfy_host.ltxv_patcher()
     return comfy_host.wan_patcher()
 
 
@@ -78,6 +81,8 @@ EXPECTED = {
     # them in the main layers: 18 image tokens merge, the caption and pads pass whole.
     "lumina2": ("Lumina 2 / Z-Image (ComfyUI)", {0: ("attn", 64, 32), 1: ("mlp", 71, 39), 2: ("attn", 71, 39)}),
     "zimage": ("Lumina 2 / Z-Image (ComfyUI)", {0: ("attn", 64, 46), 1: ("mlp", 96, 78), 2: ("attn", 96, 78)}),
+    # LTX-Video: 3 frames of 8x8 tokens in one space-time grid
+    "ltxv": ("LTX-Video (ComfyUI)", {0: ("attn", 192, 96), 1: ("mlp", 192, 96)}),
 }
 
 

@@ -1,7 +1,7 @@
 """ComfyUI's model families beyond test_comfyui.py's contract: Qwen-Image (a table entry: its root and block kind)
 in a sampler run, with its rotary rows following the merged tokens and its refusals; and the families that do not
-fit ToMe's tables (HunyuanVideo, LTX-Video, HiDream, Cosmos Predict2), each refused before a wrong output, with what
-the runtime would need to merge it. (Lumina 2 / Z-Image merge: test_comfyui_nextdit_ltx.py.)"""
+fit ToMe's tables (HunyuanVideo, HiDream, Cosmos Predict2), each refused before a wrong output, with what the
+runtime would need to merge it. (Lumina 2 / Z-Image and LTX-Video merge: test_comfyui_nextdit_ltx.py.)"""
 from __future__ import annotations
 
 import pytest
@@ -111,14 +111,6 @@ UNFIT = {
         qkv_bias=True, guidance_embed=False, byt5=False, meanflow=False, use_cond_type_embedding=False,
         vision_in_dim=None), lambda g: ((torch.randn(2, 4, 3, 8, 8, generator=g), SIGMA, _text(g)),
                                         {"y": torch.randn(2, 32, generator=g)})),
-    # Merges as UNets' blocks do once its attn1 takes its rows `pe` [B, 1, N, ...] along (seen: 192 -> 96 tokens),
-    # but LTXVModel names no patch size (its SymmetricPatchifier holds (1, 1, 1)), so no layout reads its grid, and
-    # its block class shares the name BasicTransformerBlock with the UNets' kind, whose ToDo (keys from attn1's
-    # context) meets pe rows for every token in a shape error. Needs: a root kind's patch size, and block kinds
-    # told apart by module (or a root's ToDo refusal).
-    "ltxv": ("LTXV", dict(image_model="ltxv", in_channels=4, cross_attention_dim=32, attention_head_dim=16,
-                          num_attention_heads=2, caption_channels=32, num_layers=2),
-             lambda g: ((torch.randn(2, 4, 3, 8, 8, generator=g), SIGMA, _text(g)), {"attention_mask": None})),
     # Image first everywhere: the joint attention's rows are [image, text], and its single blocks see [image, text]
     # (entries as for Flux's blocks ran, merging text with image: seen). Needs: merging the head of a sequence and
     # rows with the image first; and its edit model (E1) joins the condition image along the width.
@@ -147,7 +139,7 @@ def test_a_family_outside_the_tables_is_refused_before_any_wrong_output(name):
     args, conds = inputs(torch.Generator().manual_seed(1))
     base = comfy_host.run(model, *args, **conds)
     with pytest.raises(ValueError, match="does not know|found no transformer block ToMe knows"):
-        comfy_host.run(tome(model), *args, **conds)  # at the node, or (LTX-Video) at the first call
+        comfy_host.run(tome(model), *args, **conds)  # at the node
     # The ToDo node likewise: never sent to the ToMe node as if the model were a UNet ToMe could merge
     with pytest.raises(ValueError, match="does not know|found no transformer block ToMe knows"):
         comfy_host.run(todo(model), *args, **conds)

@@ -1,7 +1,8 @@
-"""ComfyUI's NextDiT (Lumina 2 and Z-Image) under the nodes, beyond test_comfyui.py's contract (where EXPECTED holds
-their tokens in and out per site, the input MODEL untouched, bit for bit): the caption and Z-Image's pad tokens pass
-whole, each its own row; the rotary rows follow each sample's merged tokens; a sampler run merges in every step and
-leaves the input MODEL as it was; ToDo is refused at the node, naming the ToMe node."""
+"""ComfyUI's NextDiT (Lumina 2 and Z-Image) and LTX-Video under the nodes, beyond test_comfyui.py's contract (where
+EXPECTED holds their tokens in and out per site, the input MODEL untouched, bit for bit): the caption and Z-Image's
+pad tokens pass whole, each its own row; the rotary rows follow each sample's merged tokens; LTX-Video's guide
+frames (keyframe_idxs) pass whole; a sampler run merges in every step and leaves the input MODEL as it was; ToDo is
+refused at the node, naming the ToMe node."""
 from __future__ import annotations
 
 import pytest
@@ -81,6 +82,46 @@ def test_nextdit_rotary_rows_follow_each_samples_merged_tokens(monkeypatch):
             assert torch.equal(rows[call][b], plain[call][b, reps[b]])
 
 
+def _ltxv_qkv(model, args, conds) -> torch.Tensor:
+    """Block 0's attn1 query input (merged tokens)."""
+    seen = []
+    layer = model.model.diffusion_model.transformer_blocks[0].attn1.to_q
+    handle = layer.register_forward_pre_hook(lambda m, a: seen.append(a[0].clone()))
+    try:
+        comfy_host.run(model, *args, **conds)
+    finally:
+        handle.remove()
+    return seen[0]
+
+
+def test_ltxv_rotary_rows_follow_and_guide_frames_pass_whole(monkeypatch):
+    """attn1's rows `pe` [B, 1, N, ...] follow each sample's merged tokens. A guide frame appended to the latent
+    (LTXVAddGuide: keyframe_idxs for its tokens, the latent's last frame) passes whole: the target's 2 frames of
+    8x8 tokens merge, the guide's 64 tokens reach attn1 as they would unpatched, with their own rows."""
+    import comfy.ldm.lightricks.model as ltxv
+
+    model = _model("ltxv")
+    args, conds = _inputs("ltxv")
+    rows = []
+    rope = ltxv.apply_rope1
+    monkeypatch.setattr(ltxv, "apply_rope1", lambda x, freqs: rows.append(freqs) or rope(x, freqs))
+    guides = dict(conds, keyframe_idxs=torch.zeros(2, 3, 64))
+    plain_q = _ltxv_qkv(model, args, guides)
+    plain = rows[0]
+    rows.clear()
+    patched = tome(model)
+    with tomesd.observe(patched) as seen:
+        merged_q = _ltxv_qkv(patched, args, guides)
+    assert seen.calls[0].blocks[0].tokens("attn") == [(192, 128)]  # 128 target tokens -> 64, and 64 guide tokens
+    assert torch.equal(merged_q[:, 64:], plain_q[:, 128:])
+    reps = seen.calls[0].blocks[0].merge.representatives
+    assert torch.equal(reps[:, 64:], torch.arange(128, 192).expand(2, 64)) and not torch.equal(reps[0], reps[1])
+    for b in range(2):
+        assert torch.equal(rows[0][b, :, :], plain[b, :, reps[b]])
+    with pytest.raises(ValueError, match="keyframe_idxs of shape \\[2, 3, 40\\].*whole frames"):
+        comfy_host.run(patched, *args, **dict(conds, keyframe_idxs=torch.zeros(2, 3, 40)))
+
+
 def _sample(model, latent, conds: dict) -> torch.Tensor:
     import nodes
 
@@ -90,7 +131,7 @@ def _sample(model, latent, conds: dict) -> torch.Tensor:
     return nodes.KSampler().sample(model, 0, 4, 2.0, "euler", "normal", positive, negative, latent)[0]["samples"]
 
 
-@pytest.mark.parametrize("name", ["lumina2", "zimage"])
+@pytest.mark.parametrize("name", ["lumina2", "zimage", "ltxv"])
 def test_runs_in_a_sampler_and_leaves_its_input_model_alone(name):
     model = _model(name)
     shape = {"ltxv": (1, 4, 3, 8, 8), "zimage": (1, 4, 12, 12)}.get(name, (1, 4, 16, 16))
@@ -108,7 +149,7 @@ def test_runs_in_a_sampler_and_leaves_its_input_model_alone(name):
     assert torch.equal(_sample(model, latent, conds), plain)  # bit for bit after
 
 
-@pytest.mark.parametrize("name, family", [("lumina2", "Lumina 2 / Z-Image")])
+@pytest.mark.parametrize("name, family", [("lumina2", "Lumina 2 / Z-Image"), ("ltxv", "LTX-Video")])
 def test_todo_is_refused_at_the_node(name, family):
     """No seam takes these models' image keys alone (NextDiT: one fused qkv, rotated inside; LTX-Video: keys rotated
     by rows for every token inside attn1); LTX-Video's block shares the UNets' class name, whose ToDo it must not
@@ -117,7 +158,7 @@ def test_todo_is_refused_at_the_node(name, family):
         todo(_model(name))
 
 
-@pytest.mark.parametrize("name", ["zimage"])
+@pytest.mark.parametrize("name", ["zimage", "ltxv"])
 def test_proportional_attention_weighs_the_merged_keys_under_pytorch_attention(name, monkeypatch):
     """Under ComfyUI's pytorch attention (--use-pytorch-cross-attention) each merged self-attention weighs its keys,
     the caption's and pads' as one token each; the output moves. (Under the sub-quadratic attention ComfyUI picks on

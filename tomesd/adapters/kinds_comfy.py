@@ -87,4 +87,4 @@ COMFY_KINDS: Tuple[BlockKind, ...] = (
             "mode='merge'"),
         module="comfy.",  # diffusers' class of this name takes rows (image, text) [S, D]: kinds_video.py
     ),
-) + COMFY_NEXTDIT_KINDS  # ComfyUI's NextDiT (Lumina 2, Z-Image)
+) + COMFY_NEXTDIT_KINDS  # ComfyUI's NextDiT (Lumina 2, Z-Image) and LTX-Video

@@ -159,6 +159,11 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
     RootKind("Lumina 2 / Z-Image (ComfyUI)", ("NextDiT",), "comfy_nextdit", module="comfy.",
              skip_blocks=("context_refiner",),
              supported="ComfyUI's Lumina 2 and Z-Image (comfy.ldm.lumina.model.NextDiT)"),
+    # ComfyUI's LTX-Video: Wan's space-time grid, the patch from its patchifier; guide frames pass whole
+    # (layouts_comfy_ltxv.py).
+    RootKind("LTX-Video (ComfyUI)", ("LTXVModel",), "comfy_ltxv", frame_axis=2, module="comfy.",
+             supported="ComfyUI's LTX-Video (comfy.ldm.lightricks.model.LTXVModel; merge mode; its guide frames "
+                       "never merge)"),
     # diffusers' Qwen-Image: a packed latent [B, N, C] whose grid is its `img_shapes` argument, per sample (frames,
     # rows, cols) of each image. Qwen-Image-Edit (and Edit Plus; Layered) join reference images' tokens after the
     # target's, each with its own entry after the target's: they pass whole (TokenMerge.with_passing_tail). Its

@@ -45,10 +45,11 @@ _NO_TODO = {
     "SingleStreamBlock": _ROTATES.format("Flux"),
     "WanAttentionBlock": _ROTATES.format("Wan"),
     "QwenImageTransformerBlock": _ROTATES.format("Qwen-Image"),
-    # (The kind of this name that refuses ToDo is ComfyUI's NextDiT's: kinds_comfy_nextdit.py.)
+    # (Kinds of these names that refuse ToDo are ComfyUI's NextDiT's and LTX-Video's: kinds_comfy_nextdit.py.)
     "JointTransformerBlock": "ComfyUI's Lumina 2 / Z-Image (NextDiT) projects queries, keys and values with one fused "
                              "layer (qkv) and rotates them inside its attention, so its keys cannot be downsampled "
                              "apart from its queries",
+    "BasicTransformerBlock": _ROTATES.format("LTX-Video"),
 }
 
 
