@@ -200,6 +200,16 @@ def nextdit_patcher(seed: int = 0, z_image: bool = False):
     return model_patcher("ZImage" if z_image else "Lumina2", ZIMAGE_COMFY if z_image else LUMINA2_COMFY, seed=seed)
 
 
+# Cosmos Predict2 (MiniTrainDIT: patch_temporal 1, patch_spatial 2; 3D rotary rows; Wan 2.1's 16-channel latent).
+COSMOS_COMFY = dict(image_model="cosmos_predict2", max_img_h=32, max_img_w=32, max_frames=8, in_channels=16,
+                    out_channels=16, patch_spatial=2, patch_temporal=1, model_channels=32, num_blocks=2, num_heads=2,
+                    crossattn_emb_channels=32, pos_emb_cls="rope3d")
+
+
+def cosmos_patcher(seed: int = 0):
+    return model_patcher("CosmosT2IPredict2", COSMOS_COMFY, seed=seed)
+
+
 def ltxv_patcher(seed: int = 0):
     return model_patcher("LTXV", LTXV_COMFY, seed=seed)
 

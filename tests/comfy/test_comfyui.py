@@ -30,7 +30,7 @@ def _inputs(family: str, seed: int = 1):
     gen = torch.Generator().manual_seed(seed)
     # Wan's latent [B, C, F, H, W]; Qwen-Image's is Wan 2.1's format (16 channels) with one frame.
     latent = {"wan": (2, 4, 3, 8, 8), "qwen": (2, 16, 1, 16, 16), "zimage": (2, 4, 12, 12),
-              "ltxv": (2, 4, 3, 8, 8)}.get(family, (2, 4, 16, 16))
+              "ltxv": (2, 4, 3, 8, 8), "cosmos": (2, 16, 3, 8, 8)}.get(family, (2, 4, 16, 16))
     text = {"flux": 5, "chroma": 5, "flux2": 5, "wan": 8, "qwen": 8}.get(family, 7)
     conds = {"y": torch.randn(2, 32, generator=gen)} if family in ("flux", "sd3", "sd3.5") else {}
     if family in ("chroma", "flux2"):  # guidance embedded, no pooled vector
@@ -57,6 +57,8 @@ def _model(family: str):
         return comfy_host.nextdit_patcher(z_image=family == "zimage")
     if family == "ltxv":
         return comfy_host.ltxv_patcher()
+    if family == "cosmos":
+        return comfy_host.cosmos_patcher()
     return comfy_host.wan_patcher()
 
 
@@ -83,6 +85,9 @@ EXPECTED = {
     "zimage": ("Lumina 2 / Z-Image (ComfyUI)", {0: ("attn", 64, 46), 1: ("mlp", 96, 78), 2: ("attn", 96, 78)}),
     # LTX-Video: 3 frames of 8x8 tokens in one space-time grid
     "ltxv": ("LTX-Video (ComfyUI)", {0: ("attn", 192, 96), 1: ("mlp", 192, 96)}),
+    # Cosmos Predict2: 3 frames of 4x4 tokens (8x8 latent, patch 2), its blocks on the grid [B, T, H, W, D]; its MLP
+    # runs on the grid, no site (test_comfyui_nextdit_ltx.py)
+    "cosmos": ("Cosmos Predict2 (ComfyUI)", {0: ("attn", 48, 24), 1: ("attn", 48, 24)}),
 }
 
 
@@ -102,7 +107,7 @@ def test_tome_merges_where_claimed_and_only_in_its_clone(family):
     name, model = family
     args, conds = _inputs(name)
     base = comfy_host.run(model, *args, **conds)
-    patched = tome(model, mlp=0.5)
+    patched = tome(model, mlp=0.0 if name == "cosmos" else 0.5)  # (Cosmos Predict2's MLP is no site)
     with tomesd.observe(patched) as seen:
         out = comfy_host.run(patched, *args, **conds)
     assert (out - base).abs().max() > 1e-2  # the patch changes the output

@@ -1,7 +1,7 @@
 """ComfyUI's model families beyond test_comfyui.py's contract: Qwen-Image (a table entry: its root and block kind)
 in a sampler run, with its rotary rows following the merged tokens and its refusals; and the families that do not
-fit ToMe's tables (HunyuanVideo, HiDream, Cosmos Predict2), each refused before a wrong output, with what the
-runtime would need to merge it. (Lumina 2 / Z-Image and LTX-Video merge: test_comfyui_nextdit_ltx.py.)"""
+fit ToMe's tables (HunyuanVideo, HiDream), each refused before a wrong output, with what the runtime would need to
+merge it. (Lumina 2 / Z-Image, LTX-Video and Cosmos Predict2 merge: test_comfyui_nextdit_ltx.py.)"""
 from __future__ import annotations
 
 import pytest
@@ -121,14 +121,6 @@ UNFIT = {
                 lambda g: ((torch.randn(2, 4, 16, 16, generator=g), SIGMA, _text(g)),
                            {"y": torch.randn(2, 32, generator=g),
                             "encoder_hidden_states_llama3": torch.randn(2, 2, 6, 32, generator=g)})),
-    # Its blocks (class Block) take and return the grid [B, T, H, W, D], flattening it only around each attention
-    # (the MLP sees the grid), and MiniTrainDIT names no patch_size (patch_spatial, patch_temporal). Needs: block
-    # inputs read as a grid, and a root kind's patch size. (Cosmos 1's GeneralDIT runs [T, H, W, B, D]: tokens
-    # before the batch.)
-    "cosmos_predict2": ("CosmosT2IPredict2", dict(
-        image_model="cosmos_predict2", max_img_h=32, max_img_w=32, max_frames=8, in_channels=4, out_channels=4,
-        patch_spatial=2, patch_temporal=1, model_channels=32, num_blocks=1, num_heads=2, crossattn_emb_channels=32,
-        pos_emb_cls="rope3d"), lambda g: ((torch.randn(2, 4, 3, 8, 8, generator=g), SIGMA, _text(g)), {})),
 }
 
 

@@ -1,8 +1,9 @@
-"""ComfyUI's NextDiT (Lumina 2 and Z-Image) and LTX-Video under the nodes, beyond test_comfyui.py's contract (where
-EXPECTED holds their tokens in and out per site, the input MODEL untouched, bit for bit): the caption and Z-Image's
-pad tokens pass whole, each its own row; the rotary rows follow each sample's merged tokens; LTX-Video's guide
-frames (keyframe_idxs) pass whole; a sampler run merges in every step and leaves the input MODEL as it was; ToDo is
-refused at the node, naming the ToMe node."""
+"""ComfyUI's NextDiT (Lumina 2 and Z-Image), LTX-Video and Cosmos Predict2 under the nodes, beyond test_comfyui.py's
+contract (where EXPECTED holds their tokens in and out per site, the input MODEL untouched, bit for bit): the caption
+and Z-Image's pad tokens pass whole, each its own row; the rotary rows follow each sample's merged tokens; LTX-Video's
+guide frames (keyframe_idxs) pass whole; Cosmos Predict2's blocks on the grid [B, T, H, W, D] merge around their
+attentions; a sampler run merges in every step and leaves the input MODEL as it was; ToDo is refused at the node,
+naming the ToMe node."""
 from __future__ import annotations
 
 import pytest
@@ -184,3 +185,49 @@ def test_proportional_attention_weighs_the_merged_keys_under_pytorch_attention(n
         assert weighed[1].shape[-1] == 32 + 18 + 28 and not weighed[1][..., :32].any() and not weighed[1][..., -28:].any()
         assert weighed[1][..., 32:50].max() > 0
     assert (out - plain).abs().max() > 1e-3
+
+
+# ---- Cosmos Predict2 (MiniTrainDIT): blocks on the grid [B, T, H, W, D] ----
+
+def test_cosmos_rotary_rows_follow_each_samples_merged_tokens(monkeypatch):
+    """The self-attention's rows [1, L, 1, 1, ...] (one table for the batch) reach its rotation as each sample's
+    merged rows' representatives' rows; the block's grid comes back whole ([B, T, H, W, D]) for its MLP."""
+    import comfy.ldm.cosmos.predict2 as cosmos
+
+    model = _model("cosmos")
+    args, conds = _inputs("cosmos")
+    rows, grids = [], []
+    rope = cosmos.apply_rotary_pos_emb
+    monkeypatch.setattr(cosmos, "apply_rotary_pos_emb", lambda t, freqs: rows.append(freqs) or rope(t, freqs))
+    block = model.model.diffusion_model.blocks[0]
+    handle = block.mlp.register_forward_pre_hook(lambda m, a: grids.append(a[0].shape))
+    try:
+        comfy_host.run(model, *args, **conds)
+        plain = rows[0]
+        rows.clear()
+        patched = tome(model)
+        with tomesd.observe(patched) as seen:
+            comfy_host.run(patched, *args, **conds)
+    finally:
+        handle.remove()
+    assert plain.shape[:2] == (1, 48) and grids[0] == grids[-1] == (2, 3, 4, 4, 32)
+    reps = seen.calls[0].blocks[0].merge.representatives  # [B, M]: one matching per sample
+    assert reps.shape == (2, 24) and not torch.equal(reps[0], reps[1])
+    for b in range(2):
+        assert torch.equal(rows[0][b], plain[0, reps[b]])
+
+
+def test_cosmos_runs_in_a_sampler_and_refuses_todo_and_an_mlp_ratio():
+    model = _model("cosmos")
+    latent = {"samples": torch.randn(1, 16, 3, 8, 8, generator=torch.Generator().manual_seed(3))}
+    plain = _sample(model, latent, {})
+    patched = tome(model, crossattn=0.5)
+    with tomesd.observe(patched) as seen:
+        out = _sample(patched, latent, {})
+    assert torch.isfinite(out).all() and (out - plain).abs().max() > 1e-3
+    assert len(seen.calls) == 4 and all(call.merged_blocks("crossattn") == [0, 1] for call in seen.calls)
+    assert torch.equal(_sample(model, latent, {}), plain)  # bit for bit after
+    with pytest.raises(ValueError, match=r"ToDo node: .*Use the ToMe node on this model \(Cosmos Predict2\)"):
+        todo(model)
+    with pytest.raises(ValueError, match="ToMe node: mlp_ratio 0.5 would change nothing: .*MLP run on the token grid"):
+        tome(model, mlp=0.5)

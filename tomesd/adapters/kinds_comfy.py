@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Tuple
 
 from .kind_types import BlockKind, Span, Sublayer
+from .kinds_comfy_cosmos import COMFY_COSMOS_KINDS
 from .kinds_comfy_nextdit import COMFY_NEXTDIT_KINDS
 
 
@@ -87,4 +88,4 @@ COMFY_KINDS: Tuple[BlockKind, ...] = (
             "mode='merge'"),
         module="comfy.",  # diffusers' class of this name takes rows (image, text) [S, D]: kinds_video.py
     ),
-) + COMFY_NEXTDIT_KINDS  # ComfyUI's NextDiT (Lumina 2, Z-Image) and LTX-Video
+) + COMFY_NEXTDIT_KINDS + COMFY_COSMOS_KINDS  # ComfyUI's NextDiT (Lumina 2, Z-Image), LTX-Video, Cosmos Predict2

@@ -164,6 +164,10 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
     RootKind("LTX-Video (ComfyUI)", ("LTXVModel",), "comfy_ltxv", frame_axis=2, module="comfy.",
              supported="ComfyUI's LTX-Video (comfy.ldm.lightricks.model.LTXVModel; merge mode; its guide frames "
                        "never merge)"),
+    # ComfyUI's Cosmos Predict2: blocks on the grid [B, T, H, W, D], flattened in Wan's order around each attention;
+    # the patch from its patch_temporal / patch_spatial (layouts_comfy_cosmos.py).
+    RootKind("Cosmos Predict2 (ComfyUI)", ("MiniTrainDIT",), "comfy_cosmos", frame_axis=2, module="comfy.",
+             supported="ComfyUI's Cosmos Predict2 (comfy.ldm.cosmos.predict2.MiniTrainDIT; merge mode)"),
     # diffusers' Qwen-Image: a packed latent [B, N, C] whose grid is its `img_shapes` argument, per sample (frames,
     # rows, cols) of each image. Qwen-Image-Edit (and Edit Plus; Layered) join reference images' tokens after the
     # target's, each with its own entry after the target's: they pass whole (TokenMerge.with_passing_tail). Its

@@ -28,6 +28,7 @@ from .layouts_unified import Unified  # noqa: F401  (registers the "unified" lay
 from .layouts_joined import Items  # noqa: F401  (registers the "items" and "joint_ids" layouts with layout_of)
 from .layouts_comfy_nextdit import ComfyNextDiT  # noqa: F401  (registers "comfy_nextdit": ComfyUI's Lumina 2 / Z-Image)
 from .layouts_comfy_ltxv import ComfyLTXV  # noqa: F401  (registers "comfy_ltxv": ComfyUI's LTX-Video)
+from .layouts_comfy_cosmos import ComfyCosmos  # noqa: F401  (registers "comfy_cosmos": ComfyUI's Cosmos Predict2)
 from .matcher import Matcher
 from .observe import CallWatch
 from .restore import SiteRestore

@@ -53,6 +53,11 @@ _NO_TODO = {
 }
 
 
+# Why a block kind has no site for a per-site ratio, where SITE_INPUTS' reason is not it (by the model's first block).
+_NO_SITE = {("mlp_ratio", "Block"): "an MLP run on the token grid [B, T, H, W, D] (Cosmos Predict2), which no site "
+                                    "merges: only its attentions are given the tokens as a sequence"}
+
+
 def parse_blocks(text: str) -> Optional[Tuple[int, ...]]:
     """'0-9, 12' -> (0, ..., 9, 12); '' -> None (every block)."""
     text = text.strip()
@@ -163,6 +168,7 @@ def check_sites(facts: ModelFacts, ratios: Dict[str, float]) -> None:
     flags = {part.flag for block in facts.blocks for kind in (block_kind(block),)
              for part in kind.sublayers + kind.spans}
     for name, (flag, instead) in SITE_INPUTS.items():
+        instead = _NO_SITE.get((name, type(facts.blocks[0]).__name__), instead) if facts.blocks else instead
         if facts.blocks and ratios.get(name, 0.0) > 0 and flag not in flags:
             raise ValueError(f"{name} {ratios[name]:g} would change nothing: this model's blocks ({facts.family}) have "
                              f"{instead}. Set {name} to 0")
