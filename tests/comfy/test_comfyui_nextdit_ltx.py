@@ -174,15 +174,17 @@ def test_proportional_attention_weighs_the_merged_keys_under_pytorch_attention(n
     model = _model(name)
     args, conds = _inputs(name)
     node = ToMe()
-    plain = comfy_host.run(node.patch(model, 0.5, 0.0, 0.0, "auto", "", True, 1, 0.0, 1.0, "", False)[0], *args, **conds)
+    settings = (model, 0.5, 0.0, 0.0, "auto", "", True, 1, 0.0, 1.0, "")
+    plain = comfy_host.run(node.patch(*settings, False)[0], *args, **conds)
     weighed = []
     weigh = torch_sdpa.KeyWeights.__call__
     monkeypatch.setattr(torch_sdpa.KeyWeights, "__call__",
                         lambda self, fn, *a, **k: weighed.append(self.log_sizes) or weigh(self, fn, *a, **k))
-    out = comfy_host.run(node.patch(model, 0.5, 0.0, 0.0, "auto", "", True, 1, 0.0, 1.0, "", True)[0], *args, **conds)
+    out = comfy_host.run(node.patch(*settings, True)[0], *args, **conds)
     assert len(weighed) == (3 if name == "zimage" else 2)  # every merged block's self-attention
     if name == "zimage":  # the main layers' caption (32) and pads (28) weigh as one token each: log 1 = 0
-        assert weighed[1].shape[-1] == 32 + 18 + 28 and not weighed[1][..., :32].any() and not weighed[1][..., -28:].any()
+        assert weighed[1].shape[-1] == 32 + 18 + 28
+        assert not weighed[1][..., :32].any() and not weighed[1][..., -28:].any()
         assert weighed[1][..., 32:50].max() > 0
     assert (out - plain).abs().max() > 1e-3
 

@@ -20,8 +20,8 @@ COMFY_COSMOS_KINDS: Tuple[BlockKind, ...] = (
         downsample=(),
         tokens=("x_B_T_H_W_D",),
         no_downsample=(
-            "Cosmos Predict2 here (ComfyUI's MiniTrainDIT) rotates self-attention's keys by rows for every token inside "
-            "its attention module, so keys from a downsampled grid would not meet their rows; use mode='merge'"),
+            "Cosmos Predict2 here (ComfyUI's MiniTrainDIT) rotates self-attention's keys by rows for every token "
+            "inside its attention module, so keys from a downsampled grid would not meet their rows; use mode='merge'"),
         module="comfy.ldm.cosmos.predict2",
     ),
 )
