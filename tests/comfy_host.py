@@ -214,6 +214,17 @@ def ltxv_patcher(seed: int = 0):
     return model_patcher("LTXV", LTXV_COMFY, seed=seed)
 
 
+# HiDream-I1: ComfyUI's own class (one double and one single block; its text: T5 `context` and Llama layers
+# `encoder_hidden_states_llama3` [B, layers, tokens, 32], two of which, llama_layers, the blocks take).
+HIDREAM_COMFY = dict(image_model="hidream", patch_size=2, in_channels=4, out_channels=4, num_layers=1, num_single_layers=1,
+                     attention_head_dim=16, num_attention_heads=2, caption_channels=[32, 32], text_emb_dim=32,
+                     axes_dims_rope=[8, 4, 4], llama_layers=[0, 1])
+
+
+def hidream_patcher(seed: int = 0):
+    return model_patcher("HiDream", HIDREAM_COMFY, seed=seed)
+
+
 def sd3_patcher(seed: int = 0, sd35: bool = False):
     return model_patcher("SD3", SD35_COMFY if sd35 else SD3_COMFY, seed=seed)
 

@@ -37,6 +37,9 @@ def _inputs(family: str, seed: int = 1):
         conds = {"guidance": torch.full((2,), 3.5)}
     if family in ("lumina2", "zimage", "ltxv"):  # NextDiT's text length; LTX-Video's mask argument
         conds = {"attention_mask": None} if family == "ltxv" else {"num_tokens": text}
+    if family == "hidream":  # a pooled vector and two Llama layers of 6 tokens (the blocks see T5's 7 and 6 + 6)
+        conds = {"y": torch.randn(2, 32, generator=gen), "encoder_hidden_states_llama3": torch.randn(2, 2, 6, 32,
+                                                                                                     generator=gen)}
     return (torch.randn(latent, generator=gen), SIGMA, torch.randn(2, text, 32, generator=gen)), conds
 
 
@@ -59,6 +62,8 @@ def _model(family: str):
         return comfy_host.ltxv_patcher()
     if family == "cosmos":
         return comfy_host.cosmos_patcher()
+    if family == "hidream":
+        return comfy_host.hidream_patcher()
     return comfy_host.wan_patcher()
 
 
@@ -88,6 +93,9 @@ EXPECTED = {
     # Cosmos Predict2: 3 frames of 4x4 tokens (8x8 latent, patch 2), its blocks on the grid [B, T, H, W, D]; its MLP
     # runs on the grid, no site (test_comfyui_nextdit_ltx.py)
     "cosmos": ("Cosmos Predict2 (ComfyUI)", {0: ("attn", 48, 24), 1: ("attn", 48, 24)}),
+    # HiDream-I1: a double block over the 64 image tokens, a single block over [image, text] (64 + 7 + 6 + 6), the
+    # image first: only the image half merges (kinds_comfy_image_first.py)
+    "hidream": ("HiDream (ComfyUI)", {0: ("attn", 64, 32), 1: ("attn", 83, 51)}),
 }
 
 
@@ -137,10 +145,13 @@ def _text_inputs(name: str, net) -> list:
     if name == "qwen":  # the text's projections inside the joint attention, and its MLP
         return [block.attn.add_q_proj for block in net.transformer_blocks] + [
             block.txt_mlp for block in net.transformer_blocks]
+    if name == "hidream":  # the double block's text projections and feed-forward
+        return [block.block.attn1.to_q_t for block in net.double_stream_blocks] + [
+            block.block.ff_t for block in net.double_stream_blocks]
     return []
 
 
-@pytest.mark.parametrize("name, text", [("flux", 5), ("sd3", 7), ("qwen", 8)])
+@pytest.mark.parametrize("name, text", [("flux", 5), ("sd3", 7), ("qwen", 8), ("hidream", 7 + 6 + 6)])
 def test_text_tokens_never_merge(name, text):
     model = _model(name)
     args, conds = _inputs(name)

@@ -1,7 +1,8 @@
 """ComfyUI's model families beyond test_comfyui.py's contract: Qwen-Image (a table entry: its root and block kind)
 in a sampler run, with its rotary rows following the merged tokens and its refusals; and the families that do not
-fit ToMe's tables (HunyuanVideo, HiDream), each refused before a wrong output, with what the runtime would need to
-merge it. (Lumina 2 / Z-Image, LTX-Video and Cosmos Predict2 merge: test_comfyui_nextdit_ltx.py.)"""
+fit ToMe's tables (HunyuanVideo), each refused before a wrong output, with what the runtime would need to merge it.
+(Lumina 2 / Z-Image, LTX-Video and Cosmos Predict2 merge: test_comfyui_nextdit_ltx.py; HiDream:
+test_comfyui_image_first.py.)"""
 from __future__ import annotations
 
 import pytest
@@ -111,16 +112,6 @@ UNFIT = {
         qkv_bias=True, guidance_embed=False, byt5=False, meanflow=False, use_cond_type_embedding=False,
         vision_in_dim=None), lambda g: ((torch.randn(2, 4, 3, 8, 8, generator=g), SIGMA, _text(g)),
                                         {"y": torch.randn(2, 32, generator=g)})),
-    # Image first everywhere: the joint attention's rows are [image, text], and its single blocks see [image, text]
-    # (entries as for Flux's blocks ran, merging text with image: seen). Needs: merging the head of a sequence and
-    # rows with the image first; and its edit model (E1) joins the condition image along the width.
-    "hidream": ("HiDream", dict(image_model="hidream", patch_size=2, in_channels=4, out_channels=4, num_layers=1,
-                                num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
-                                caption_channels=[32, 32], text_emb_dim=32, axes_dims_rope=[8, 4, 4],
-                                llama_layers=[0, 1]),
-                lambda g: ((torch.randn(2, 4, 16, 16, generator=g), SIGMA, _text(g)),
-                           {"y": torch.randn(2, 32, generator=g),
-                            "encoder_hidden_states_llama3": torch.randn(2, 2, 6, 32, generator=g)})),
 }
 
 

@@ -8,6 +8,7 @@ from typing import Tuple
 from .kind_types import BlockKind, Span, Sublayer
 from .kinds_comfy_cosmos import COMFY_COSMOS_KINDS
 from .kinds_comfy_nextdit import COMFY_NEXTDIT_KINDS
+from .kinds_comfy_image_first import COMFY_IMAGE_FIRST_KINDS
 
 
 def _rotates_inside(model: str) -> str:
@@ -88,4 +89,5 @@ COMFY_KINDS: Tuple[BlockKind, ...] = (
             "mode='merge'"),
         module="comfy.",  # diffusers' class of this name takes rows (image, text) [S, D]: kinds_video.py
     ),
-) + COMFY_NEXTDIT_KINDS + COMFY_COSMOS_KINDS  # ComfyUI's NextDiT (Lumina 2, Z-Image), LTX-Video, Cosmos Predict2
+) + COMFY_NEXTDIT_KINDS + COMFY_COSMOS_KINDS + COMFY_IMAGE_FIRST_KINDS  # ComfyUI's NextDiT (Lumina 2, Z-Image),
+# LTX-Video, Cosmos Predict2; HiDream's (kinds_comfy_image_first.py)

@@ -168,6 +168,12 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
     # the patch from its patch_temporal / patch_spatial (layouts_comfy_cosmos.py).
     RootKind("Cosmos Predict2 (ComfyUI)", ("MiniTrainDIT",), "comfy_cosmos", frame_axis=2, module="comfy.",
              supported="ComfyUI's Cosmos Predict2 (comfy.ldm.cosmos.predict2.MiniTrainDIT; merge mode)"),
+    # ComfyUI's HiDream-I1: diffusers' layout (image tokens first in every block's input, the text after them) with
+    # its own block classes (kinds_comfy_image_first.py) and its patch size as an attribute; HiDream-E1's condition
+    # image, joined along the width, is refused at the call (layouts_comfy_image_first.py).
+    RootKind("HiDream (ComfyUI)", ("HiDreamImageTransformer2DModel",), "comfy_hidream", module="comfy.",
+             supported="ComfyUI's HiDream-I1 (comfy.ldm.hidream.model.HiDreamImageTransformer2DModel; merge mode; "
+                       "not HiDream-E1's edit)"),
     # diffusers' Qwen-Image: a packed latent [B, N, C] whose grid is its `img_shapes` argument, per sample (frames,
     # rows, cols) of each image. Qwen-Image-Edit (and Edit Plus; Layered) join reference images' tokens after the
     # target's, each with its own entry after the target's: they pass whole (TokenMerge.with_passing_tail). Its
@@ -217,7 +223,7 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
     # HiDream-I1: a latent [B, C, H, W] patchified inside (a non-square one padded to max_seq tokens under a mask);
     # every block's input starts with the image (kinds_image_first.py), as layout "image_first" reads it.
     RootKind("HiDream-I1", ("HiDreamImageTransformer2DModel",), "image_first", module="diffusers.",
-             supported="the HiDream-I1 transformer (torch; merge mode)"),  # (ComfyUI's class of this name: refused)
+             supported="the HiDream-I1 transformer (torch; merge mode)"),  # (ComfyUI's class of this name: above)
     # Denoisers that patchify their latent once: SD3Transformer2DModel, PixArtTransformer2DModel,
     # DiTTransformer2DModel, ppdiffusers' Transformer2DModel (PixArt, DiT), SD3ControlNetModel,
     # SanaTransformer2DModel.

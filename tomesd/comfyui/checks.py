@@ -50,6 +50,8 @@ _NO_TODO = {
                              "layer (qkv) and rotates them inside its attention, so its keys cannot be downsampled "
                              "apart from its queries",
     "BasicTransformerBlock": _ROTATES.format("LTX-Video"),
+    "HiDreamImageTransformerBlock": _ROTATES.format("HiDream"),
+    "HiDreamImageSingleTransformerBlock": _ROTATES.format("HiDream"),
 }
 
 

@@ -1,0 +1,84 @@
+"""ComfyUI's families whose blocks put the image first, [image, text], beyond test_comfyui.py's contract (EXPECTED:
+tokens per site, the clone untouched, bit for bit after; test_text_tokens_never_merge): HiDream-I1's rotary rows
+following each sample's merged tokens, a sampler run, and the refusals (HiDream-E1's condition image, ToDo)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import comfy_host
+import tomesd
+
+comfy_host.import_comfy()
+
+from test_comfyui import _inputs, _model, tome, todo  # noqa: E402
+
+
+# ---- HiDream-I1 ----
+
+def test_hidream_rotary_rows_follow_each_samples_merged_tokens(monkeypatch):
+    """Both blocks' attentions get rows [B, image + text, 1, ...] whose text rows are as they were and whose image
+    rows are, per sample, each merged token's representative's: the image's rows are the first, the text's after."""
+    import comfy.ldm.hidream.model as hidream
+
+    model = _model("hidream")
+    args, conds = _inputs("hidream")
+    rows = []
+    rope = hidream.apply_rope
+    monkeypatch.setattr(hidream, "apply_rope", lambda q, k, freqs: rows.append(freqs) or rope(q, k, freqs))
+    comfy_host.run(model, *args, **conds)
+    plain = rows[:]  # the double and the single block's rows, unpatched (one table: the root's)
+    rows.clear()
+    patched = tome(model)
+    with tomesd.observe(patched) as seen:
+        comfy_host.run(patched, *args, **conds)
+    assert len(rows) == len(plain) == 2
+    for index, got in enumerate(rows):
+        reps = seen.calls[0].blocks[index].merge.representatives  # [B, 32]: one matching per sample
+        assert reps.shape == (2, 32) and not torch.equal(reps[0], reps[1])
+        text = plain[index].shape[1] - 64
+        assert got.shape[1] == 32 + text
+        assert torch.equal(got[:, 32:], plain[index][:, 64:])  # the text's rows untouched, after the image's
+        for b in range(2):
+            assert torch.equal(got[b, :32], plain[index][b, reps[b]])
+
+
+def _hidream_sample(model, latent):
+    """KSampler (euler, 4 steps) with HiDream's conditioning: T5 tokens, a pooled vector and Llama layers."""
+    import nodes
+
+    gen = torch.Generator().manual_seed(100)
+
+    def cond(scale):
+        return [[scale * torch.randn(1, 7, 32, generator=gen),
+                 {"pooled_output": scale * torch.randn(1, 32, generator=gen),
+                  "conditioning_llama3": scale * torch.randn(1, 2, 6, 32, generator=gen)}]]
+
+    return nodes.KSampler().sample(model, 0, 4, 2.0, "euler", "normal", cond(1.0), cond(0.0), latent)[0]["samples"]
+
+
+def test_hidream_runs_in_a_sampler_and_leaves_its_input_model_alone():
+    model = _model("hidream")
+    latent = {"samples": torch.randn(1, 4, 16, 16, generator=torch.Generator().manual_seed(3))}
+    plain = _hidream_sample(model, latent)
+    patched = tome(model, mlp=0.5)
+    with tomesd.observe(patched) as seen:
+        out = _hidream_sample(patched, latent)
+    assert torch.isfinite(out).all() and (out - plain).abs().max() > 1e-3
+    assert len(seen.calls) == 4 and all(call.merged_blocks("attn") == [0, 1] for call in seen.calls)
+    assert all(call.merged_blocks("mlp") == [0, 1] for call in seen.calls)
+    assert torch.equal(_hidream_sample(model, latent), plain)  # bit for bit after
+
+
+def test_hidream_refusals():
+    """HiDream-E1's condition image joins the latent along the width (its tokens beside the target's in every row):
+    refused at the call. ToDo has no seam (keys projected from the tokens given, attention a plain function)."""
+    model = _model("hidream")
+    args, conds = _inputs("hidream")
+    condition = torch.randn(2, 4, 16, 16)
+    base = comfy_host.run(model, *args, image_cond=condition, **conds)
+    with pytest.raises(ValueError, match=r"condition image \(image_cond: HiDream-E1's edit\).*Bypass the ToMe node"):
+        comfy_host.run(tome(model), *args, image_cond=condition, **conds)
+    assert torch.equal(comfy_host.run(model, *args, image_cond=condition, **conds), base)
+    with pytest.raises(ValueError, match=r"ToDo node: ComfyUI's HiDream .*Use the ToMe node on this model"):
+        todo(model)
