@@ -43,6 +43,28 @@ def test_hidream_rotary_rows_follow_each_samples_merged_tokens(monkeypatch):
             assert torch.equal(got[b, :32], plain[index][b, reps[b]])
 
 
+def test_hidream_single_blocks_pass_their_text_whole():
+    """The single block's attention sees [image, text]: the image (first) merges, the 19 text tokens after it reach
+    the attention's projections as they were given (test_comfyui.py checks the double block's text, which has
+    layers of its own)."""
+    model = _model("hidream")
+    args, conds = _inputs("hidream")
+    block = model.model.diffusion_model.single_stream_blocks[0].block
+    seen = {}
+    layers = {"attn1": block.attn1, "to_q": block.attn1.to_q}
+    handles = [layer.register_forward_pre_hook(lambda m, a, name=name: seen.setdefault(name, a[0].clone()))
+               for name, layer in layers.items()]
+    try:
+        comfy_host.run(tome(model, mlp=0.5), *args, **conds)
+    finally:
+        for handle in handles:
+            handle.remove()
+    given, merged = seen["attn1"], seen["to_q"]  # the block's tokens as given, and as the projections saw them
+    assert given.shape[1] == 83 and merged.shape[1] == 51
+    assert torch.equal(merged[:, -19:], given[:, -19:])
+    assert not torch.equal(merged[:, :32], given[:, :32])  # the image's tokens did merge
+
+
 def _hidream_sample(model, latent):
     """KSampler (euler, 4 steps) with HiDream's conditioning: T5 tokens, a pooled vector and Llama layers."""
     import nodes
