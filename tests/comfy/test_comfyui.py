@@ -30,9 +30,12 @@ def _inputs(family: str, seed: int = 1):
     gen = torch.Generator().manual_seed(seed)
     # Wan's latent [B, C, F, H, W]; Qwen-Image's is Wan 2.1's format (16 channels) with one frame.
     latent = {"wan": (2, 4, 3, 8, 8), "qwen": (2, 16, 1, 16, 16), "zimage": (2, 4, 12, 12),
-              "ltxv": (2, 4, 3, 8, 8), "cosmos": (2, 16, 3, 8, 8)}.get(family, (2, 4, 16, 16))
-    text = {"flux": 5, "chroma": 5, "flux2": 5, "wan": 8, "qwen": 8}.get(family, 7)
-    conds = {"y": torch.randn(2, 32, generator=gen)} if family in ("flux", "sd3", "sd3.5") else {}
+              "ltxv": (2, 4, 3, 8, 8), "cosmos": (2, 16, 3, 8, 8), "hunyuan_video": (2, 4, 3, 8, 8),
+              "hunyuan_video15": (2, 4, 2, 4, 4)}.get(family, (2, 4, 16, 16))
+    text = {"flux": 5, "chroma": 5, "flux2": 5, "wan": 8, "qwen": 8, "hunyuan_video": 6}.get(family, 7)
+    conds = {"y": torch.randn(2, 32, generator=gen)} if family in ("flux", "sd3", "sd3.5", "hunyuan_video") else {}
+    if family == "hunyuan_video15":  # a vision encoder's 3 tokens, joined before the text
+        conds = {"clip_fea": torch.randn(2, 3, 32, generator=gen)}
     if family in ("chroma", "flux2"):  # guidance embedded, no pooled vector
         conds = {"guidance": torch.full((2,), 3.5)}
     if family in ("lumina2", "zimage", "ltxv"):  # NextDiT's text length; LTX-Video's mask argument
@@ -64,6 +67,8 @@ def _model(family: str):
         return comfy_host.cosmos_patcher()
     if family == "hidream":
         return comfy_host.hidream_patcher()
+    if family.startswith("hunyuan_video"):
+        return comfy_host.hunyuan_video_patcher(v15=family == "hunyuan_video15")
     return comfy_host.wan_patcher()
 
 
@@ -96,6 +101,11 @@ EXPECTED = {
     # HiDream-I1: a double block over the 64 image tokens, a single block over [image, text] (64 + 7 + 6 + 6), the
     # image first: only the image half merges (kinds_comfy_image_first.py)
     "hidream": ("HiDream (ComfyUI)", {0: ("attn", 64, 32), 1: ("attn", 83, 51)}),
+    # HunyuanVideo: a double block over the 48 image tokens (3 frames of 4 x 4), its attention's image unmerged at
+    # the attention function's output; a single block over [image, text] (48 + 6), the image first
+    "hunyuan_video": ("HunyuanVideo (ComfyUI)", {0: ("attn", 48, 24), 1: ("attn", 54, 30)}),
+    # HunyuanVideo 1.5: the same class in (1, 1, 1) patches (2 frames of 4 x 4), the text after 3 vision tokens
+    "hunyuan_video15": ("HunyuanVideo (ComfyUI)", {0: ("attn", 32, 16), 1: ("attn", 42, 26)}),
 }
 
 
@@ -145,13 +155,17 @@ def _text_inputs(name: str, net) -> list:
     if name == "qwen":  # the text's projections inside the joint attention, and its MLP
         return [block.attn.add_q_proj for block in net.transformer_blocks] + [
             block.txt_mlp for block in net.transformer_blocks]
+    if name == "hunyuan_video":  # the double block's text stream, and its attention output's text part
+        return [block.txt_attn.qkv for block in net.double_blocks] + [block.txt_mlp for block in net.double_blocks] + [
+            block.txt_attn.proj for block in net.double_blocks]
     if name == "hidream":  # the double block's text projections and feed-forward
         return [block.block.attn1.to_q_t for block in net.double_stream_blocks] + [
             block.block.ff_t for block in net.double_stream_blocks]
     return []
 
 
-@pytest.mark.parametrize("name, text", [("flux", 5), ("sd3", 7), ("qwen", 8), ("hidream", 7 + 6 + 6)])
+@pytest.mark.parametrize("name, text", [("flux", 5), ("sd3", 7), ("qwen", 8), ("hidream", 7 + 6 + 6),
+                                        ("hunyuan_video", 6)])
 def test_text_tokens_never_merge(name, text):
     model = _model(name)
     args, conds = _inputs(name)

@@ -1,6 +1,6 @@
 """ComfyUI's model families beyond test_comfyui.py's contract: Qwen-Image (a table entry: its root and block kind)
 in a sampler run, with its rotary rows following the merged tokens and its refusals; and the families that do not
-fit ToMe's tables (HunyuanVideo), each refused before a wrong output, with what the runtime would need to merge it.
+fit ToMe's tables (Cosmos 1), each refused before a wrong output, with what the runtime would need to merge it.
 (Lumina 2 / Z-Image, LTX-Video and Cosmos Predict2 merge: test_comfyui_nextdit_ltx.py; HiDream:
 test_comfyui_image_first.py.)"""
 from __future__ import annotations
@@ -101,17 +101,14 @@ def _text(gen, n=6):
 
 # family -> (ComfyUI supported-model class, tiny unet config, inputs, why it does not fit).
 UNFIT = {
-    # Its DoubleStreamBlocks are built with flipped_img_txt: attention runs over [image, text] and its output is split
-    # at the block input's image length (attn[:, :img.shape[1]]), so image tokens merged after img_norm1 misalign
-    # the split (a shape error); its single blocks see [image, text] and its rows `pe` are [image, text], where
-    # ToMe's spans and rows take the image as the last N. Needs: merging the head of a sequence (kinds and
-    # TokenMerge), and a seam for the flipped split.
-    "hunyuan_video": ("HunyuanVideo", dict(
-        image_model="hunyuan_video", in_channels=4, out_channels=4, vec_in_dim=32, context_in_dim=32, hidden_size=32,
-        mlp_ratio=4.0, num_heads=2, depth=1, depth_single_blocks=1, axes_dim=[4, 6, 6], theta=256, patch_size=[1, 2, 2],
-        qkv_bias=True, guidance_embed=False, byt5=False, meanflow=False, use_cond_type_embedding=False,
-        vision_in_dim=None), lambda g: ((torch.randn(2, 4, 3, 8, 8, generator=g), SIGMA, _text(g)),
-                                        {"y": torch.randn(2, 32, generator=g)})),
+    # Cosmos 1 (GeneralDIT) runs its blocks on tokens before the batch ([T, H, W, B, D], block_x_format "THWBD"),
+    # which no layout reads (Cosmos Predict2, whose blocks take [B, T, H, W, D], merges).
+    "cosmos1": ("CosmosT2V", dict(
+        image_model="cosmos", max_img_h=32, max_img_w=32, max_frames=8, in_channels=16, out_channels=16,
+        patch_spatial=2, patch_temporal=1, model_channels=32, num_blocks=1, num_heads=2, crossattn_emb_channels=32,
+        pos_emb_cls="rope3d", concat_padding_mask=False, block_x_format="THWBD", extra_per_block_abs_pos_emb=True,
+        extra_per_block_abs_pos_emb_type="learnable"),
+        lambda g: ((torch.randn(2, 16, 3, 8, 8, generator=g), SIGMA, _text(g)), {})),
 }
 
 

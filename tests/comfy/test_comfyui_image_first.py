@@ -1,6 +1,7 @@
 """ComfyUI's families whose blocks put the image first, [image, text], beyond test_comfyui.py's contract (EXPECTED:
-tokens per site, the clone untouched, bit for bit after; test_text_tokens_never_merge): HiDream-I1's rotary rows
-following each sample's merged tokens, a sampler run, and the refusals (HiDream-E1's condition image, ToDo)."""
+tokens per site, the clone untouched, bit for bit after; test_text_tokens_never_merge): HunyuanVideo's and HiDream-I1's
+rotary rows following each sample's merged tokens, HunyuanVideo's attention output unmerged before its block splits it,
+a sampler run each, and the refusals (condition tokens that would join the image's, ToDo)."""
 from __future__ import annotations
 
 import pytest
@@ -12,6 +13,106 @@ import tomesd
 comfy_host.import_comfy()
 
 from test_comfyui import _inputs, _model, tome, todo  # noqa: E402
+
+
+# ---- HunyuanVideo (and 1.5: the same class, test_comfyui.py's EXPECTED) ----
+
+def test_hunyuan_video_rotary_rows_follow_each_samples_merged_tokens(monkeypatch):
+    """Rows `pe` [B, 1, image + text, ...] with the image first: in the double block the image's rows follow each
+    sample's merged tokens and the text's stay after them; in the single block the text's rows are the merge's tail."""
+    import comfy.ldm.flux.math as flux_math
+
+    model = _model("hunyuan_video")
+    args, conds = _inputs("hunyuan_video")
+    rows = []
+    rope = flux_math.apply_rope
+    monkeypatch.setattr(flux_math, "apply_rope", lambda q, k, pe: rows.append(pe) or rope(q, k, pe))
+    comfy_host.run(model, *args, **conds)
+    plain = rows[:]  # the double and the single block's rows, unpatched
+    rows.clear()
+    patched = tome(model)
+    with tomesd.observe(patched) as seen:
+        comfy_host.run(patched, *args, **conds)
+    assert len(rows) == len(plain) == 2
+    double, single = (seen.calls[0].blocks[i].merge.representatives for i in (0, 1))
+    assert double.shape == (2, 24) and single.shape == (2, 30) and not torch.equal(double[0], double[1])
+    assert rows[0].shape[2] == 24 + 6 and torch.equal(rows[0][:, :, 24:], plain[0][:, :, 48:])
+    for b in range(2):
+        assert torch.equal(rows[0][b, :, :24], plain[0][b, :, double[b]])
+        assert torch.equal(single[b, 24:], torch.arange(48, 54))  # the text passes whole, in place
+        assert torch.equal(rows[1][b], plain[1][b, :, single[b]])
+
+
+def test_hunyuan_video_attention_output_unmerges_before_its_block_splits_it(monkeypatch):
+    """The flipped double block splits its attention's output at the block input's image length: the output's
+    merged image (its first 24 tokens) unmerges at the attention function, so the image's output projection gets the
+    48 image tokens, each its merged row, and the text's gets the text's 6 rows exactly."""
+    import comfy.ldm.flux.layers as flux_layers
+
+    model = _model("hunyuan_video")
+    args, conds = _inputs("hunyuan_video")
+    outputs, inputs = [], {}
+    attention = flux_layers.attention
+    monkeypatch.setattr(flux_layers, "attention", lambda *a, **k: outputs.append(attention(*a, **k)) or outputs[-1])
+    block = model.model.diffusion_model.double_blocks[0]
+    handles = [layer.register_forward_pre_hook(lambda m, a, name=name: inputs.setdefault(name, a[0].clone()))
+               for name, layer in (("image", block.img_attn.proj), ("text", block.txt_attn.proj))]
+    patched = tome(model)
+    try:
+        with tomesd.observe(patched) as seen:
+            comfy_host.run(patched, *args, **conds)
+    finally:
+        for handle in handles:
+            handle.remove()
+    merged = outputs[0]  # the double block's attention output, as the host's function returned it: [B, 24 + 6, C]
+    assert merged.shape[1] == 30 and inputs["image"].shape[1] == 48
+    assert torch.equal(inputs["text"], merged[:, 24:])
+    assert torch.equal(inputs["image"], seen.calls[0].blocks[0].merge.unmerge(merged[:, :24]))
+    assert flux_layers.attention.__name__ == "<lambda>"  # the seam is gone after the call: the name as it was bound
+
+
+def test_hunyuan_video_runs_in_a_sampler_and_leaves_its_input_model_alone():
+    import comfy.ldm.flux.layers as flux_layers
+
+    attention = flux_layers.attention
+    model = _model("hunyuan_video")
+    latent = {"samples": torch.randn(1, 4, 3, 8, 8, generator=torch.Generator().manual_seed(3))}
+    plain = comfy_host.sample(model, cfg=1.0, latent=latent, pooled=True)
+    patched = tome(model, mlp=0.5)
+    with tomesd.observe(patched) as seen:
+        out = comfy_host.sample(patched, cfg=1.0, latent=latent, pooled=True)
+    assert torch.isfinite(out).all() and (out - plain).abs().max() > 1e-3
+    assert len(seen.calls) == 4 and all(call.merged_blocks("attn") == [0, 1] for call in seen.calls)
+    assert all(call.merged_blocks("mlp") == [0] for call in seen.calls)
+    assert torch.equal(comfy_host.sample(model, cfg=1.0, latent=latent, pooled=True), plain)  # bit for bit after
+    assert flux_layers.attention is attention  # ComfyUI's function, bound as it was
+
+
+def test_hunyuan_video_refusals(monkeypatch):
+    """Condition tokens that would join the image's are refused at the call: the token_replace image-to-video
+    model's first frame (guiding_frame_index), a reference latent (ref_latent), a text mask over every key. ToDo has no
+    seam. And a block whose attention function was swapped after the patch armed the seam is refused, not merged."""
+    import comfy.ldm.flux.layers as flux_layers
+
+    model = _model("hunyuan_video")
+    args, conds = _inputs("hunyuan_video")
+    base = comfy_host.run(model, *args, **conds)
+    for given, why in ((dict(guiding_frame_index=torch.zeros(1)), r"guiding_frame_index: HunyuanVideo-I2V"),
+                       (dict(ref_latent=torch.randn(2, 4, 1, 8, 8)), r"reference latent's tokens .*ref_latent"),
+                       (dict(attention_mask=torch.ones(2, 6)), r"given an attention mask")):
+        with pytest.raises(ValueError, match=why + ".*Bypass the ToMe node"):
+            comfy_host.run(tome(model), *args, **given, **conds)
+    with pytest.raises(ValueError, match=r"ToDo node: ComfyUI's HunyuanVideo rotates .*Use the ToMe node on this model"):
+        todo(model)
+    attention = flux_layers.attention
+    block = model.model.diffusion_model.double_blocks[0]
+    handle = block.register_forward_pre_hook(lambda m, a: monkeypatch.setattr(flux_layers, "attention", attention))
+    try:
+        with pytest.raises(RuntimeError, match="armed comfy.ldm.flux.layers:attention .* made no call of it"):
+            comfy_host.run(tome(model), *args, **conds)
+    finally:
+        handle.remove()
+    assert torch.equal(comfy_host.run(model, *args, **conds), base)
 
 
 # ---- HiDream-I1 ----

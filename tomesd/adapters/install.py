@@ -14,6 +14,7 @@ from .downsample_sites import CheckWeighed, DownsampleContext, DownsampleDispatc
 from .key_masks import MaskSlice
 from .key_weights import WeighSpanKeys, open_key_seam, weighs
 from .sites import MergeSite, SpanEnd, SpanInterior, SpanRotary, SpanStart
+from .unmerge_at import UnmergeAtFunction, open_call_seam
 
 
 def owned_by(target: Any, owner: Any) -> bool:
@@ -117,8 +118,15 @@ def install_merge(patch: Any, index: int, block: Any, kind: BlockKind) -> None:
         # The start merges outside its forward chain, the ends unmerge inside theirs: a cache on either
         # keeps full tokens.
         add_hook(patch, start, host.add_post_hook, SpanStart(patch, index, span).post)
+        unmerge = UnmergeAtFunction(patch, index, span) if span.unmerge_at else None
+        if unmerge is not None:  # the image unmerges at a function's output inside the span (unmerge_at.py)
+            open_call_seam(patch, span.unmerge_at)
+            add_hook(patch, start, host.add_post_hook, unmerge.arm)  # after the start's merge
         for end in ends:
-            around(patch, end, None, SpanEnd(patch, index, span).post)
+            if unmerge is not None:
+                add_hook(patch, end, host.add_pre_hook, unmerge.check)
+            else:
+                around(patch, end, None, SpanEnd(patch, index, span).post)
         inner = sublayer(block, span.rotary_at) if span.rotary_at is not None else None
         if inner is not None:
             spec = InputSpec.find(inner, (span.rotary,), first_positional=False) or InputSpec(span.rotary, None)

@@ -3,7 +3,7 @@ the spans between sub-layers, how its self-attention takes downsampled keys and 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,10 @@ class Span:
     # The image is the first N tokens of the span's sequence, the text after it (HunyuanVideo's single blocks join
     # [image, text]); False: the last N, any text in front (Flux's [text, image]).
     image_first: bool = False
+    # A function the block calls by its module-level name, "module:name", whose output's image (its first tokens)
+    # unmerges instead of the ends' outputs (backends/torch_function_seam.py): ComfyUI's HunyuanVideo double blocks
+    # split their attention's output at the block input's image length, so the image must be whole before the split.
+    unmerge_at: str = ""
 
 
 # Rotary rows with a batch axis (rotary_axis > 0: Wan's [1, S, 1, D], ComfyUI's [B, 1, S, ...]) follow a matching
@@ -124,6 +128,12 @@ class BlockKind:
     # Where the block's class is defined (a module prefix; "": anywhere): ComfyUI's QwenImageTransformerBlock shares
     # diffusers' name and takes other rotary rows.
     module: str = ""
+    # Attributes the block must hold with these values for this kind to be its, (name, value) pairs: ComfyUI's
+    # DoubleStreamBlock built with flipped_img_txt=True (HunyuanVideo's) puts the image first, Flux's the text.
+    when: Tuple[Tuple[str, Any], ...] = ()
+
+    def fits(self, module: Any) -> bool:
+        return all(getattr(module, name, None) == value for name, value in self.when)
 
     @property
     def self_attention(self) -> str:

@@ -271,7 +271,7 @@ def sublayer(block: Any, path: str) -> Any:
 def block_kind(module: Any) -> Optional[BlockKind]:
     for cls in type(module).__mro__:
         for kind in _BY_CLASS.get(cls.__name__, ()):
-            if cls.__module__.startswith(kind.module):
+            if cls.__module__.startswith(kind.module) and kind.fits(module):
                 return kind
     return None
 

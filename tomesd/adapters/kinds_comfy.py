@@ -19,7 +19,9 @@ def _rotates_inside(model: str) -> str:
     )
 
 
-COMFY_KINDS: Tuple[BlockKind, ...] = (
+# HunyuanVideo's and HiDream's (kinds_comfy_image_first.py) first: a class with several kinds takes the first that
+# fits (BlockKind.when), and HunyuanVideo's DoubleStreamBlock is Flux's class built flipped.
+COMFY_KINDS: Tuple[BlockKind, ...] = COMFY_IMAGE_FIRST_KINDS + (
     # Black Forest Labs' layout (ComfyUI, Forge, InvokeAI): Flux's blocks build q, k, v themselves and call
     # attention as a function, with the rotary rows `pe` [B, 1, text + image, ...] as the block's own input.
     # The image stream merges after its norm (the modulation after it is per sample), the attention's output
@@ -89,5 +91,4 @@ COMFY_KINDS: Tuple[BlockKind, ...] = (
             "mode='merge'"),
         module="comfy.",  # diffusers' class of this name takes rows (image, text) [S, D]: kinds_video.py
     ),
-) + COMFY_NEXTDIT_KINDS + COMFY_COSMOS_KINDS + COMFY_IMAGE_FIRST_KINDS  # ComfyUI's NextDiT (Lumina 2, Z-Image),
-# LTX-Video, Cosmos Predict2; HiDream's (kinds_comfy_image_first.py)
+) + COMFY_NEXTDIT_KINDS + COMFY_COSMOS_KINDS  # ComfyUI's NextDiT (Lumina 2, Z-Image), LTX-Video, Cosmos Predict2

@@ -1,11 +1,33 @@
 """Block kinds of ComfyUI's transformers whose blocks put the image first, [image, text] (registered through
-kinds_comfy.COMFY_KINDS): HiDream-I1's. ComfyUI's HunyuanVideo (comfy.ldm.hunyuan_video.model) has none here: its
-blocks are Flux's DoubleStreamBlock / SingleStreamBlock classes, and the root is refused by name (roots.py)."""
+kinds_comfy.COMFY_KINDS, ahead of Flux's kinds of the same classes): HunyuanVideo's double blocks and HiDream-I1's.
+HunyuanVideo's single blocks are Flux's SingleStreamBlock class and kind: its layout
+(layouts_comfy_image_first.py) passes the text after the image whole as the sequence's tail."""
 from __future__ import annotations
 
 from typing import Tuple
 
-from .kind_types import BlockKind, Sublayer
+from .kind_types import BlockKind, Span, Sublayer
+
+# HunyuanVideo's double blocks: ComfyUI's (Black Forest Labs') DoubleStreamBlock built with flipped_img_txt=True,
+# which joins queries, keys and values as [image, text], rotates them by the rows `pe` [B, 1, image + text, ...]
+# (image first) inside the attention function, and splits the output at the block input's image length. The image
+# merges after img_norm1 (the modulation after it is per sample, or by frame with guiding_frame_index: refused by
+# the layout), its rows follow as the block is entered, and its attention output unmerges at the attention
+# function's output, before that split (Span.unmerge_at), rather than after img_attn.proj: proj is a per-token
+# linear layer, so this gives what unmerging after it gives, and the split meets the image's whole length.
+_FLIPPED_DOUBLE = BlockKind(
+    "DoubleStreamBlock",
+    sublayers=(),
+    downsample=(),
+    tokens=("img",),
+    spans=(Span("img_norm1", None, ("img_attn.proj",), "merge_attn", attention="img_attn", rotary_at="", rotary="pe",
+                rotary_axis=2, image_first=True, unmerge_at="comfy.ldm.flux.layers:attention"),
+           Span("img_norm2", None, ("img_mlp",), "merge_mlp", attention="img_attn", image_first=True)),
+    no_downsample="HunyuanVideo here (ComfyUI's layout) rotates keys after projecting them and calls attention as a "
+                  "plain function, so no seam takes the rotated keys before attention; use mode='merge'",
+    module="comfy.",
+    when=(("flipped_img_txt", True),),  # Flux's (flipped_img_txt=False): kinds_comfy.py
+)
 
 
 def _hidream(name: str, single: bool) -> BlockKind:
@@ -30,6 +52,7 @@ def _hidream(name: str, single: bool) -> BlockKind:
 
 
 COMFY_IMAGE_FIRST_KINDS: Tuple[BlockKind, ...] = (
+    _FLIPPED_DOUBLE,
     _hidream("HiDreamImageTransformerBlock", single=False),
     _hidream("HiDreamImageSingleTransformerBlock", single=True),
 )

@@ -168,6 +168,13 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
     # the patch from its patch_temporal / patch_spatial (layouts_comfy_cosmos.py).
     RootKind("Cosmos Predict2 (ComfyUI)", ("MiniTrainDIT",), "comfy_cosmos", frame_axis=2, module="comfy.",
              supported="ComfyUI's Cosmos Predict2 (comfy.ldm.cosmos.predict2.MiniTrainDIT; merge mode)"),
+    # ComfyUI's HunyuanVideo class (HunyuanVideo and its image-to-video models, HunyuanVideo 1.5, HunyuanImage 2.1):
+    # Flux's block classes, the double blocks built flipped (image first; kinds_comfy_image_first.py), the single
+    # blocks over [image, text]; the image first in every block's input, the text after it passing whole
+    # (layouts_comfy_image_first.py). Condition tokens that would join the image's are refused at the call.
+    RootKind("HunyuanVideo (ComfyUI)", ("HunyuanVideo",), "comfy_hunyuan_video", module="comfy.",
+             supported="ComfyUI's HunyuanVideo, HunyuanVideo 1.5 and HunyuanImage 2.1 (comfy.ldm.hunyuan_video.model."
+                       "HunyuanVideo; merge mode; without guiding_frame_index, ref_latent or an attention mask)"),
     # ComfyUI's HiDream-I1: diffusers' layout (image tokens first in every block's input, the text after them) with
     # its own block classes (kinds_comfy_image_first.py) and its patch size as an attribute; HiDream-E1's condition
     # image, joined along the width, is refused at the call (layouts_comfy_image_first.py).

@@ -63,7 +63,7 @@ class RootHooks:
         stack = self.patch.calls.current()
         if stack:
             stack.pop()
-        for seam in (self.patch.seam, self.patch.key_seam):
+        for seam in (self.patch.seam, self.patch.key_seam, self.patch.call_seam):
             if seam is not None:
                 seam.clear()  # an attention that raised left its arming
 
@@ -92,6 +92,7 @@ class ToMePatch:
         self._hooked: List[Any] = []
         self.seam: Any = None  # the host's attention dispatch seam, while this patch uses it (install/detach)
         self.key_seam: Any = None  # the host's SDPA seam, while this patch weighs keys (key_weights.py)
+        self.call_seam: Any = None  # a function its blocks call by name, while a span unmerges there (unmerge_at.py)
         # Whether a coordinate layout matches each sample on its own (install: every rotary table can follow).
         self.per_sample = False
         # A plain int for the per-call path (paddle's SOT translator reads plain values best); downsample has none.
@@ -116,7 +117,7 @@ class ToMePatch:
         self.matcher.reset()  # a copy keeps no matchings
         if self._hooked:  # a copy of an installed patch: its model's copy holds the hooks
             HOOKED.add(self)
-        for seam in (self.seam, self.key_seam):
+        for seam in (self.seam, self.key_seam, self.call_seam):
             if seam is not None:
                 seam.open(self)  # the copy's hooks use the process's seams as well
 
@@ -157,10 +158,10 @@ class ToMePatch:
             remove_owned_hooks(self.host, module, self)
         self._hooked.clear()
         HOOKED.discard(self)
-        for seam in (self.seam, self.key_seam):
+        for seam in (self.seam, self.key_seam, self.call_seam):
             if seam is not None:
                 seam.close(self)
-        self.seam = self.key_seam = None
+        self.seam = self.key_seam = self.call_seam = None
 
     def remove(self) -> None:
         self.detach()

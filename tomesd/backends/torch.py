@@ -5,7 +5,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 
 import torch
 
-from . import torch_dispatch, torch_links, torch_parallel, torch_projections, torch_sdpa
+from . import torch_dispatch, torch_function_seam, torch_links, torch_parallel, torch_projections, torch_sdpa
 
 
 class TorchArrays:
@@ -160,6 +160,10 @@ class TorchHost:
         """Hooks on an attention's to_q / to_k weighing its keys there, where it forms its scores itself (the original
         LDM code's CrossAttention: torch_projections.py); None where it calls SDPA."""
         return torch_projections.projection_hooks(seam, attention)
+
+    def function_seam(self, path: str) -> Any:
+        """A function a block calls by its module-level name, "module:name" (torch_function_seam.py)."""
+        return torch_function_seam.function_seam(path)
 
     def key_weights(self, inv_counts: torch.Tensor, image_keys_first: bool, uniform: bool = False) -> Any:
         """One attention's weights: log of each merged row's token count ([B, M, 1] inverse counts)."""

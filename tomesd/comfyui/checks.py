@@ -41,8 +41,8 @@ _ROTATES = ("ComfyUI's {} rotates its keys inside each attention, after projecti
 _NO_TODO = {
     "JointBlock": "ComfyUI's SD3 / SD3.5 (MMDiT) projects queries, keys and values with one fused layer (qkv), "
                   "so its keys cannot be downsampled apart from its queries",
-    "DoubleStreamBlock": _ROTATES.format("Flux"),
-    "SingleStreamBlock": _ROTATES.format("Flux"),
+    "DoubleStreamBlock": _ROTATES.format("{}"),  # Flux's blocks, and HunyuanVideo's: named by the model's family
+    "SingleStreamBlock": _ROTATES.format("{}"),
     "WanAttentionBlock": _ROTATES.format("Wan"),
     "QwenImageTransformerBlock": _ROTATES.format("Qwen-Image"),
     # (Kinds of these names that refuse ToDo are ComfyUI's NextDiT's and LTX-Video's: kinds_comfy_nextdit.py.)
@@ -182,6 +182,7 @@ def check_todo(facts: ModelFacts) -> None:
         kind = block_kind(block)
         if kind.no_downsample:
             reason = _NO_TODO.get(kind.class_name, f"its {kind.class_name} blocks hand ToDo no image keys alone")
+            reason = reason.replace("{}", facts.family)
             raise ValueError(
                 f"{reason}. Use the ToMe node on this model ({facts.family}) instead: its ratio (0.5 to start, up to "
                 f"{MAX_RATIO:g}) merges image tokens before attention, so queries, keys and values all shrink")
