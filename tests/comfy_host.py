@@ -225,7 +225,13 @@ HUNYUAN_VIDEO15_COMFY = dict(HUNYUAN_VIDEO_COMFY, vec_in_dim=None, patch_size=[1
                              vision_in_dim=32)
 
 
-def hunyuan_video_patcher(seed: int = 0, v15: bool = False):
+# HunyuanImage 2.1: the same class over a latent [B, C, H, W] in (1, 1) patches, 2-axis rotary rows.
+HUNYUAN_IMAGE21_COMFY = dict(HUNYUAN_VIDEO_COMFY, vec_in_dim=None, patch_size=[1, 1], axes_dim=[8, 8])
+
+
+def hunyuan_video_patcher(seed: int = 0, v15: bool = False, image21: bool = False):
+    if image21:
+        return model_patcher("HunyuanImage21", HUNYUAN_IMAGE21_COMFY, seed=seed)
     if v15:
         return model_patcher("HunyuanVideo15", HUNYUAN_VIDEO15_COMFY, seed=seed)
     return model_patcher("HunyuanVideo", HUNYUAN_VIDEO_COMFY, seed=seed)

@@ -31,7 +31,7 @@ def _inputs(family: str, seed: int = 1):
     # Wan's latent [B, C, F, H, W]; Qwen-Image's is Wan 2.1's format (16 channels) with one frame.
     latent = {"wan": (2, 4, 3, 8, 8), "qwen": (2, 16, 1, 16, 16), "zimage": (2, 4, 12, 12),
               "ltxv": (2, 4, 3, 8, 8), "cosmos": (2, 16, 3, 8, 8), "hunyuan_video": (2, 4, 3, 8, 8),
-              "hunyuan_video15": (2, 4, 2, 4, 4)}.get(family, (2, 4, 16, 16))
+              "hunyuan_video15": (2, 4, 2, 4, 4), "hunyuan_image21": (2, 4, 4, 6)}.get(family, (2, 4, 16, 16))
     text = {"flux": 5, "chroma": 5, "flux2": 5, "wan": 8, "qwen": 8, "hunyuan_video": 6}.get(family, 7)
     conds = {"y": torch.randn(2, 32, generator=gen)} if family in ("flux", "sd3", "sd3.5", "hunyuan_video") else {}
     if family == "hunyuan_video15":  # a vision encoder's 3 tokens, joined before the text
@@ -69,6 +69,8 @@ def _model(family: str):
         return comfy_host.hidream_patcher()
     if family.startswith("hunyuan_video"):
         return comfy_host.hunyuan_video_patcher(v15=family == "hunyuan_video15")
+    if family == "hunyuan_image21":
+        return comfy_host.hunyuan_video_patcher(image21=True)
     return comfy_host.wan_patcher()
 
 
@@ -106,6 +108,8 @@ EXPECTED = {
     "hunyuan_video": ("HunyuanVideo (ComfyUI)", {0: ("attn", 48, 24), 1: ("attn", 54, 30)}),
     # HunyuanVideo 1.5: the same class in (1, 1, 1) patches (2 frames of 4 x 4), the text after 3 vision tokens
     "hunyuan_video15": ("HunyuanVideo (ComfyUI)", {0: ("attn", 32, 16), 1: ("attn", 42, 26)}),
+    # HunyuanImage 2.1: the same class over a 4 x 6 latent in (1, 1) patches
+    "hunyuan_image21": ("HunyuanVideo (ComfyUI)", {0: ("attn", 24, 12), 1: ("attn", 31, 19)}),
 }
 
 

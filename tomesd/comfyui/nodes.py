@@ -21,8 +21,8 @@ __all__ = ["ToMe", "ToDo", "NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", 
 CATEGORY = "model_patches/tomesd"
 COVERED = ("ComfyUI's SD1 / SD2 / SDXL UNet (UNetModel), SD3 / SD3.5 (MMDiT), Flux and Flux.2 (Flux), Chroma (Chroma), "
            "Wan 2.1 / 2.2 (WanModel), Qwen-Image (QwenImageTransformer2DModel), Lumina 2 / Z-Image (NextDiT), "
-           "LTX-Video (LTXVModel), Cosmos Predict2 (MiniTrainDIT), HunyuanVideo / HunyuanVideo 1.5 (HunyuanVideo) and "
-           "HiDream-I1 (HiDreamImageTransformer2DModel)")
+           "LTX-Video (LTXVModel), Cosmos Predict2 (MiniTrainDIT), HunyuanVideo / HunyuanVideo 1.5 / HunyuanImage 2.1 "
+           "(HunyuanVideo) and HiDream-I1 (HiDreamImageTransformer2DModel)")
 _LEVELS = ["auto", "1", "2", "4", "8"]
 _SHARE = {"default": 0.0, "min": 0.0, "max": 1.0, "step": 0.01}
 # Ratio widgets end where merging stops (checks.MAX_RATIO: one token of each 2x2 cell stays).
