@@ -115,6 +115,36 @@ def test_hunyuan_video_refusals(monkeypatch):
     assert torch.equal(comfy_host.run(model, *args, **conds), base)
 
 
+@pytest.mark.parametrize("family", ["hunyuan_video", "hidream"])
+def test_proportional_attention_weighs_the_image_keys_where_they_sit(family, monkeypatch):
+    """Under ComfyUI's pytorch attention the ToMe node's proportional_attention weighs each merged attention's keys:
+    where the merged image's keys are fewer than the attention's, they are its first keys (the text after them)."""
+    import importlib
+
+    import torch.nn.functional as F
+
+    from tomesd.backends import torch_sdpa
+    from tomesd.comfyui.nodes import ToMe
+
+    sdpa = F.scaled_dot_product_attention
+    attention = importlib.import_module("comfy.ldm.modules.attention")
+    for name in ("comfy.ldm.flux.math", "comfy.ldm.hidream.model"):
+        monkeypatch.setattr(importlib.import_module(name), "optimized_attention", attention.attention_pytorch)
+    model = _model(family)
+    args, conds = _inputs(family)
+    weighed = []
+    weigh = torch_sdpa.KeyWeights.__call__
+    monkeypatch.setattr(torch_sdpa.KeyWeights, "__call__", lambda self, fn, q, k, *a, **kw: weighed.append(
+        (self.first, self.log_sizes.shape[-1], k.shape[-2])) or weigh(self, fn, q, k, *a, **kw))
+    plain = comfy_host.run(ToMe().patch(model, 0.5, 0.0, 0.0, "auto", "", True, 1, 0.0, 1.0, "", False)[0], *args,
+                           **conds)
+    out = comfy_host.run(ToMe().patch(model, 0.5, 0.0, 0.0, "auto", "", True, 1, 0.0, 1.0, "", True)[0], *args, **conds)
+    assert len(weighed) == 2 and (out - plain).abs().max() > 1e-3  # both blocks' attentions
+    assert all(first for first, merged, keys in weighed if merged < keys)
+    assert any(merged < keys for _, merged, keys in weighed)
+    assert F.scaled_dot_product_attention is sdpa  # the node's patch is off again after its call
+
+
 # ---- HiDream-I1 ----
 
 def test_hidream_rotary_rows_follow_each_samples_merged_tokens(monkeypatch):

@@ -77,7 +77,7 @@ class WeighSpanKeys:
     def pre(self, module: Any, *_: Any) -> None:
         merge = self.patch.site_merge(self.index, self.span.flag)
         if merge is not None:
-            arm(self.patch, merge, False, self.uses)
+            arm(self.patch, merge, self.span.image_first, self.uses)  # the image's keys first: HunyuanVideo's (ComfyUI)
 
     def post(self, module: Any, *_: Any) -> None:
         if self.patch.site_merge(self.index, self.span.flag) is not None:
