@@ -217,10 +217,11 @@ def ltxv_patcher(seed: int = 0):
 # HunyuanVideo: ComfyUI's own class (one double block built flipped, one single block), a latent [B, 4, F, H, W] in
 # (1, 2, 2) patches; HunyuanVideo 1.5 is the same class with no pooled vector, (1, 1, 1) patches, condition-type
 # embeddings and a vision projection (clip_fea's tokens join the text).
-HUNYUAN_VIDEO_COMFY = dict(image_model="hunyuan_video", in_channels=4, out_channels=4, vec_in_dim=32, context_in_dim=32,
-                           hidden_size=32, mlp_ratio=4.0, num_heads=2, depth=1, depth_single_blocks=1, axes_dim=[4, 6, 6],
-                           theta=256, patch_size=[1, 2, 2], qkv_bias=True, guidance_embed=False, byt5=False,
-                           meanflow=False, use_cond_type_embedding=False, vision_in_dim=None)
+HUNYUAN_VIDEO_COMFY = dict(image_model="hunyuan_video", in_channels=4, out_channels=4, vec_in_dim=32,
+                           context_in_dim=32, hidden_size=32, mlp_ratio=4.0, num_heads=2, depth=1,
+                           depth_single_blocks=1, axes_dim=[4, 6, 6], theta=256, patch_size=[1, 2, 2], qkv_bias=True,
+                           guidance_embed=False, byt5=False, meanflow=False, use_cond_type_embedding=False,
+                           vision_in_dim=None)
 HUNYUAN_VIDEO15_COMFY = dict(HUNYUAN_VIDEO_COMFY, vec_in_dim=None, patch_size=[1, 1, 1], use_cond_type_embedding=True,
                              vision_in_dim=32)
 
@@ -239,9 +240,9 @@ def hunyuan_video_patcher(seed: int = 0, v15: bool = False, image21: bool = Fals
 
 # HiDream-I1: ComfyUI's own class (one double and one single block; its text: T5 `context` and Llama layers
 # `encoder_hidden_states_llama3` [B, layers, tokens, 32], two of which, llama_layers, the blocks take).
-HIDREAM_COMFY = dict(image_model="hidream", patch_size=2, in_channels=4, out_channels=4, num_layers=1, num_single_layers=1,
-                     attention_head_dim=16, num_attention_heads=2, caption_channels=[32, 32], text_emb_dim=32,
-                     axes_dims_rope=[8, 4, 4], llama_layers=[0, 1])
+HIDREAM_COMFY = dict(image_model="hidream", patch_size=2, in_channels=4, out_channels=4, num_layers=1,
+                     num_single_layers=1, attention_head_dim=16, num_attention_heads=2, caption_channels=[32, 32],
+                     text_emb_dim=32, axes_dims_rope=[8, 4, 4], llama_layers=[0, 1])
 
 
 def hidream_patcher(seed: int = 0):

@@ -102,7 +102,7 @@ def test_hunyuan_video_refusals(monkeypatch):
                        (dict(attention_mask=torch.ones(2, 6)), r"given an attention mask")):
         with pytest.raises(ValueError, match=why + ".*Bypass the ToMe node"):
             comfy_host.run(tome(model), *args, **given, **conds)
-    with pytest.raises(ValueError, match=r"ToDo node: ComfyUI's HunyuanVideo rotates .*Use the ToMe node on this model"):
+    with pytest.raises(ValueError, match=r"ToDo node: ComfyUI's HunyuanVideo rotates .*Use the ToMe node on this"):
         todo(model)
     attention = flux_layers.attention
     block = model.model.diffusion_model.double_blocks[0]

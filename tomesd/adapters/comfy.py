@@ -70,9 +70,9 @@ class ComfyToMe:
         flux_layout = {"DoubleStreamBlock", "SingleStreamBlock"} & set(patch.kind_names)
         if kwargs.get("attention_mask") is not None and flux_layout:
             raise ValueError(
-                f"ToMe cannot reduce {type(net).__name__} given an attention mask (Chroma's or HunyuanVideo's "
-                f"text padding, a regional prompt): the mask addresses every text and image token of its self-attention. Bypass the ToMe node "
-                f"for this model, or leave the mask out.")
+                f"ToMe cannot reduce {type(net).__name__} given an attention mask (Chroma's or HunyuanVideo's text "
+                f"padding, a regional prompt): the mask addresses every text and image token of its self-attention. "
+                f"Bypass the ToMe node for this model, or leave the mask out.")
         _refuse_attn1_patches(patch, options)
         patch.install(mark=False)
         try:

@@ -33,10 +33,10 @@ class ComfyHiDreamGrid(ImageFirstGrid):
     def read(self, call: Any, module: Any, args: tuple, kwargs: dict, shape: Tuple[int, ...], name: str) -> None:
         if self.condition is not None and self.condition.get(args, kwargs) is not None:
             raise ValueError(
-                f"ToMe cannot merge {self.model} given a condition image (image_cond: HiDream-E1's edit): ComfyUI joins "
-                f"it to the latent along the width, so each row of tokens holds the target's and the condition's side "
-                f"by side and the condition's would merge with the target's. Bypass the ToMe node for this model (the "
-                f"text-to-image model HiDream-I1 merges)")
+                f"ToMe cannot merge {self.model} given a condition image (image_cond: HiDream-E1's edit): ComfyUI "
+                f"joins it to the latent along the width, so each row of tokens holds the target's and the "
+                f"condition's side by side and the condition's would merge with the target's. Bypass the ToMe node "
+                f"for this model (the text-to-image model HiDream-I1 merges)")
         super().read(call, module, args, kwargs, shape, name)
 
 
