@@ -24,7 +24,7 @@ from .kinds import BlockKind, Span, block_kind, in_temporal_container
 from .layouts import layout_of
 from .layouts_packed import Packed  # noqa: F401  (registers the "packed" layout with layout_of)
 from .layouts_image_first import PatchAxes  # noqa: F401  (registers "hunyuan_video" and "patch_axes")
-from .layouts_comfy_image_first import ComfyHiDreamGrid  # noqa: F401  (registers "comfy_hidream")
+from .layouts_comfy_image_first import ComfyHiDreamGrid  # noqa: F401  (registers ComfyUI's image-first layouts)
 from .layouts_unified import Unified  # noqa: F401  (registers the "unified" layout with layout_of)
 from .layouts_joined import Items  # noqa: F401  (registers the "items" and "joint_ids" layouts with layout_of)
 from .layouts_comfy_nextdit import ComfyNextDiT  # noqa: F401  (registers "comfy_nextdit": ComfyUI's Lumina 2 / Z-Image)
