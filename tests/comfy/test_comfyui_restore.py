@@ -29,3 +29,21 @@ def test_a_sampler_run_restores_between_unmerged_steps():
 def test_restore_without_reuse_is_refused_naming_reuse_steps():
     with pytest.raises(ValueError, match="ToMe node: restore_tokens .* give reuse_steps=2 or more"):
         tome(comfy_host.sd1_patcher()[0], 1, True)
+
+
+def test_the_merged_steps_add_the_residuals_their_window_kept(monkeypatch):
+    """The node puts new hooks on the model at each of its calls: the residuals kept at a window's unmerged step are
+    found again by the later calls' hooks, and every merged site of those steps adds one."""
+    from tomesd.adapters import restore
+
+    added = []
+    add = restore.add
+
+    def counting(hook, site, positions, output, where=None):
+        out = add(hook, site, positions, output, where)
+        added.append(out is not output)
+        return out
+
+    monkeypatch.setattr(restore, "add", counting)
+    comfy_host.sample(tome(comfy_host.sd1_patcher()[0], 3, True), steps=6)
+    assert added and all(added), added

@@ -34,7 +34,15 @@ class SiteRestore(NamedTuple):
     call: CallRestore
 
 
-def keep(hook: Any, site: SiteRestore, positions: Tuple[int, ...], output: Any, head: bool = False) -> None:
+def _key(hook: Any, where: Any, position: int, ordinal: int) -> tuple:
+    """A residual's place: the site (its block, and the module whose output it is, or the hook's kind where no module
+    is given), the output's position and the call's place in its step. Never the hook object itself: ComfyUI's node
+    puts new hooks on the model for each of its calls, and the residuals must outlive them."""
+    return hook.index, id(where) if where is not None else type(hook).__name__, position, ordinal
+
+
+def keep(hook: Any, site: SiteRestore, positions: Tuple[int, ...], output: Any, head: bool = False,
+         where: Any = None) -> None:
     """At the window's unmerged step: keep each of the site's image outputs' residual (`head`: an output's image is
     its first N tokens, Span.image_first / Sublayer.image_first)."""
     local, merge = hook.patch.host.on_local_tokens, site.merge
@@ -42,18 +50,18 @@ def keep(hook: Any, site: SiteRestore, positions: Tuple[int, ...], output: Any, 
     def residual(position: int, x: Any, tail: bool) -> Any:
         # tome_core: each token minus its row's mean (over the image at the sequence's end, or at its start)
         spread = local(lambda t: merge.spread(t, tail and not head, head), x)
-        site.call.cache.residuals[(id(hook), position, site.call.ordinal)] = (site.matching, spread)
+        site.call.cache.residuals[_key(hook, where, position, site.call.ordinal)] = (site.matching, spread)
         return x
 
     _each(positions, output, residual)
 
 
-def add(hook: Any, site: SiteRestore, positions: Tuple[int, ...], output: Any) -> Any:
+def add(hook: Any, site: SiteRestore, positions: Tuple[int, ...], output: Any, where: Any = None) -> Any:
     """At a merged step: each unmerged image output plus its residual, where one was kept with this matching."""
     shape = hook.patch.xp.shape
 
     def restored(position: int, x: Any, tail: bool) -> Any:
-        kept = site.call.cache.residuals.get((id(hook), position, site.call.ordinal))
+        kept = site.call.cache.residuals.get(_key(hook, where, position, site.call.ordinal))
         if kept is None or kept[0] is not site.matching or shape(kept[1]) != shape(x):
             return x
         return x + kept[1]

@@ -110,7 +110,7 @@ class MergeSite(SiteHook):
             check_rotated(self, module)
         if self.weighs and self.patch.site_merge(self.index, self.layer.flag) is not None:
             key_weights.check_weighed(self.patch, module)
-        return unmerge_output(self, self.layer.flag, self.layer.outputs, output, self.layer.image_first)
+        return unmerge_output(self, self.layer.flag, self.layer.outputs, output, self.layer.image_first, module)
 
 
 def gather_rotary(merge: Any, rows: Any, axis: int, image_first: bool = False) -> Any:
@@ -151,14 +151,15 @@ def check_rotated(hook: SiteHook, module: Any) -> None:
             f"processors, or run a batch of one")
 
 
-def unmerge_output(hook: SiteHook, flag: str, positions: Tuple[int, ...], output: Any, head: bool = False) -> Any:
+def unmerge_output(hook: SiteHook, flag: str, positions: Tuple[int, ...], output: Any, head: bool = False,
+                   where: Any = None) -> Any:
     """The image tokens of a sub-layer's output back to every token (the last N of a joined sequence; with `head`,
-    its first N)."""
+    its first N). `where`: the module whose output it is (restored tokens key their residuals by it)."""
     merge = hook.patch.site_merge(hook.index, flag)
     restoring = hook.patch.site_restore(hook.index, flag)
     if merge is None:
         if restoring is not None:  # the window's unmerged step (restore_tokens): keep the residuals
-            restore.keep(hook, restoring, positions, output, head)
+            restore.keep(hook, restoring, positions, output, head, where)
         return None
 
     local = hook.patch.host.on_local_tokens
@@ -173,7 +174,7 @@ def unmerge_output(hook: SiteHook, flag: str, positions: Tuple[int, ...], output
                      for i, item in enumerate(output))
 
     output = hook._timed("unmerge", unmerge, output)
-    return output if restoring is None else restore.add(hook, restoring, positions, output)
+    return output if restoring is None else restore.add(hook, restoring, positions, output, where)
 
 
 class _SpanHook(SiteHook):
@@ -207,7 +208,7 @@ class SpanEnd(_SpanHook):
     """A span's end: its image output unmerges."""
 
     def post(self, module: Any, args: tuple, output: Any) -> Any:
-        return unmerge_output(self, self.span.flag, (), output, self.span.image_first)
+        return unmerge_output(self, self.span.flag, (), output, self.span.image_first, module)
 
 
 def _merge_fn(merge: Any, span: Span) -> Any:
@@ -219,7 +220,7 @@ class SpanInterior(_SpanHook):
     cache, `merge` outside it, so the cache keeps full tokens and the span goes on with merged ones."""
 
     def unmerge(self, module: Any, args: tuple, output: Any) -> Any:
-        return unmerge_output(self, self.span.flag, (), output, self.span.image_first)
+        return unmerge_output(self, self.span.flag, (), output, self.span.image_first, module)
 
     def merge(self, module: Any, args: tuple, output: Any) -> Any:
         merge = self.patch.site_merge(self.index, self.span.flag)
