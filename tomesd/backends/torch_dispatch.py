@@ -11,7 +11,7 @@ one did (`disarm`). A rotary embedding acts on each token alone, so keeping rows
 rotating the kept rows: the host's processor runs unchanged.
 
 Unarmed, a wrapper passes the call through as it came, so other models in the process see the backend they
-had. The wrappers go when the last patch using them is removed (torch_seam.py: users, the armed slot).
+had. The wrappers go when the last patch using them is removed (seam.py: users, the armed slot).
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ would shift the split into the text. So the image's tokens unmerge at the attent
 split, instead of at the output projection after it (a per-token linear layer: the same function of each token
 either way). While a patch needs it, the module's name is bound to a wrapper that passes every unarmed call through
 as it came; the span's start arms it for one call (the block's next attention), the span's end checks the call took
-it. The wrapper goes when the last patch using it is closed (torch_seam.py: users, the armed slot), and a name
+it. The wrapper goes when the last patch using it is closed (seam.py: users, the armed slot), and a name
 rebound by other code since is left as that code bound it.
 """
 from __future__ import annotations

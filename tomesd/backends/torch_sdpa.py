@@ -12,7 +12,7 @@ PixArt processors, and its attention dispatch's "native" backend, which Flux and
 While a patch needs it, `torch.nn.functional.scaled_dot_product_attention` is replaced by a wrapper that passes
 every unarmed call through as it came; the attention module's hook arms it for its own call (`arm`), the first
 SDPA call inside takes the weights, and the module's post-hook checks that one did (`disarm`). The wrapper goes
-when the last patch using it is removed (torch_seam.py: users, the armed slot).
+when the last patch using it is removed (seam.py: users, the armed slot).
 """
 from __future__ import annotations
 
