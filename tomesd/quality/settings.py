@@ -131,6 +131,10 @@ WAN_SETTINGS = [
     # The band rule: what each rank of a 2- or 4-way context-parallel run merges (4 or 2 frames of 16 x 16).
     Setting("ToMe r=0.5 bands=2", dict(ratio=0.5, bands=2)),
     Setting("ToMe r=0.5 bands=4", dict(ratio=0.5, bands=4)),
+    Setting("downsample f=2 nearest", dict(mode="downsample")),
+    Setting("downsample f=2 avg", dict(mode="downsample", downsample_method="avg")),
+    Setting("downsample f=3 avg", dict(mode="downsample", downsample_factor=3, downsample_method="avg")),
+    Setting("downsample f=4 avg", dict(mode="downsample", downsample_factor=4, downsample_method="avg")),
 ]
 SETTINGS = {"sd1": DEFAULT_SETTINGS, "sd3": SD3_SETTINGS, "video": VIDEO_SETTINGS, "wan": WAN_SETTINGS}
 
