@@ -36,14 +36,7 @@ def projection_hooks(seam: Any, attention: Any) -> Optional[Tuple[Callable, Call
         arming = seam.armed()
         if arming is None or not arming.take():
             return out
-        weights = arming.rewrite  # torch_sdpa.KeyWeights
-        length, merged = out.shape[1], weights.log_sizes.shape[-1]
-        if length < merged or weights.log_sizes.shape[0] not in (1, out.shape[0]):
-            raise ValueError(f"ToMe's proportional attention has weights for {weights.log_sizes.shape[0]} samples of "
-                             f"{merged} merged keys; {type(attention).__name__}'s keys are {list(out.shape[:2])}; "
-                             f"apply_patch with proportional_attention=False")
-        bias = (weights.log_sizes / scale).to(out.dtype)
-        bias = torch.nn.functional.pad(bias, (0, length - merged) if weights.first else (length - merged, 0))
+        bias = arming.rewrite.bias(out.shape[1], out.shape[0], scale, out.dtype)  # torch_sdpa.KeyWeights
         return _per_head(out, heads, bias.unsqueeze(-1))
 
     return query, key

@@ -38,6 +38,34 @@ class KeyWeights:
         # weights cancel in the softmax and the call runs as it came.
         self.log_sizes, self.first, self.uniform = log_sizes, first, uniform
 
+    def bias(self, length: int, batch: int, scale: float, dtype: torch.dtype) -> torch.Tensor:
+        """[B or 1, length]: log(size) / scale on the merged keys, 0 on the text keys beside them (they weigh 1)."""
+        merged = self.log_sizes.shape[-1]
+        if length < merged or self.log_sizes.shape[0] not in (1, batch):
+            raise ValueError(f"ToMe's proportional attention has weights for {self.log_sizes.shape[0]} samples of "
+                             f"{merged} merged keys; the attention has {length} keys per sample of {batch}; "
+                             f"apply_patch with proportional_attention=False")
+        return F.pad((self.log_sizes / scale).to(dtype), (0, length - merged) if self.first else (length - merged, 0))
+
+    def _widened(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: Optional[float],
+                 tokens: int) -> tuple:
+        """(query, key, value with the bias channel and zeros up to the fused kernels' multiple, the scale of the
+        original head size, the value's width); `tokens`: the keys' token axis (2 in [B, heads, S, D], 1 in
+        [B, S, heads, D])."""
+        if key.dim() != 4:
+            raise ValueError(f"ToMe's proportional attention expects 4-D keys, got {list(key.shape)}; apply_patch "
+                             f"with proportional_attention=False")
+        size, length = query.shape[-1], key.shape[tokens]
+        scale = 1.0 / math.sqrt(size) if scale is None else scale
+        pad = channels(size, query.device)
+        shape = [-1, 1, 1, 1]
+        shape[tokens] = length
+        bias = self.bias(length, key.shape[0], scale, key.dtype).reshape(shape).expand(*key.shape[:-1], 1)
+        query = torch.cat([query, query.new_ones(*query.shape[:-1], 1), query.new_zeros(*query.shape[:-1], pad - 1)], -1)
+        key = torch.cat([key, bias, key.new_zeros(*key.shape[:-1], pad - 1)], -1)
+        width = value.shape[-1]
+        return query, key, F.pad(value, (0, pad)) if width == size else value, scale, width
+
     def __call__(self, fn: Callable, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0, is_causal: bool = False,
                  scale: Optional[float] = None, **rest: Any) -> torch.Tensor:
@@ -45,52 +73,23 @@ class KeyWeights:
             raise ValueError("ToMe's proportional attention weighs merged keys inside torch's "
                              "scaled_dot_product_attention, which here got an attention mask (or is_causal); "
                              "apply_patch with proportional_attention=False")
-        batch, length, merged = key.shape[0], key.shape[-2], self.log_sizes.shape[-1]
-        if self.uniform and length == merged and attn_mask is None and not is_causal:
+        if self.uniform and key.shape[-2] == self.log_sizes.shape[-1]:
             return fn(query, key, value, dropout_p=dropout_p, scale=scale, **rest)
-        if key.dim() != 4 or length < merged or self.log_sizes.shape[0] not in (1, batch):
-            raise ValueError(f"ToMe's proportional attention has weights for {self.log_sizes.shape[0]} samples of "
-                             f"{merged} merged keys; the attention's keys are {list(key.shape)} ([B, heads, S, D] "
-                             f"expected); apply_patch with proportional_attention=False")
-        size = query.shape[-1]
-        scale = 1.0 / math.sqrt(size) if scale is None else scale
-        pad = channels(size, query.device)
-        bias = (self.log_sizes / scale).to(key.dtype)
-        bias = F.pad(bias, (0, length - merged) if self.first else (length - merged, 0))  # text keys weigh 1
-        bias = bias.reshape(bias.shape[0], 1, length, 1).expand(*key.shape[:-1], 1)
-        query = torch.cat([query, query.new_ones(*query.shape[:-1], 1), query.new_zeros(*query.shape[:-1], pad - 1)], -1)
-        key = torch.cat([key, bias, key.new_zeros(*key.shape[:-1], pad - 1)], -1)
-        width = value.shape[-1]
-        if width == size:
-            value = F.pad(value, (0, pad))
+        query, key, value, scale, width = self._widened(query, key, value, scale, 2)
         out = fn(query, key, value, dropout_p=dropout_p, is_causal=False, scale=scale, **rest)
         return out[..., :width]
-
 
     def around(self, fn: Callable, kwargs: Dict[str, Any]) -> Any:
         """diffusers' attention dispatch (torch_dispatch.py: a backend function called by keyword, [B, S, heads, D]):
         the same channels join the queries, keys and values before the backend runs, so under context parallelism
         they travel with the keys through its exchange between ranks (Ulysses' all-to-all, ring's passes) and every
         rank's keys carry their own sizes."""
-        query, key, value = kwargs["query"], kwargs["key"], kwargs["value"]
         if kwargs.get("attn_mask") is not None or kwargs.get("is_causal"):
             raise ValueError("ToMe's proportional attention weighs merged keys at diffusers' attention dispatch, which "
                              "here got an attention mask (or is_causal); apply_patch with proportional_attention=False")
-        length, merged, size = key.shape[1], self.log_sizes.shape[-1], query.shape[-1]
-        if key.dim() != 4 or length < merged or self.log_sizes.shape[0] not in (1, key.shape[0]):
-            raise ValueError(f"ToMe's proportional attention has weights for {self.log_sizes.shape[0]} samples of "
-                             f"{merged} merged keys; the attention's keys are {list(key.shape)} ([B, S, heads, D] "
-                             f"expected); apply_patch with proportional_attention=False")
-        scale = kwargs.get("scale") or 1.0 / math.sqrt(size)
-        pad = channels(size, query.device)
-        bias = F.pad((self.log_sizes / scale).to(key.dtype), (0, length - merged) if self.first else (length - merged, 0))
-        bias = bias.reshape(bias.shape[0], length, 1, 1).expand(*key.shape[:-1], 1)
-        width = value.shape[-1]
-        out = fn(**dict(
-            kwargs, scale=scale,
-            query=torch.cat([query, query.new_ones(*query.shape[:-1], 1), query.new_zeros(*query.shape[:-1], pad - 1)], -1),
-            key=torch.cat([key, bias, key.new_zeros(*key.shape[:-1], pad - 1)], -1),
-            value=F.pad(value, (0, pad)) if width == size else value))
+        query, key, value, scale, width = self._widened(
+            kwargs["query"], kwargs["key"], kwargs["value"], kwargs.get("scale"), 1)
+        out = fn(**dict(kwargs, query=query, key=key, value=value, scale=scale))
         if isinstance(out, tuple):  # (output, log-sum-exp): ring attention's partial results
             return (out[0][..., :width],) + tuple(out[1:])
         return out[..., :width]
