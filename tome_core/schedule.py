@@ -14,10 +14,10 @@ DOWNSAMPLE_METHODS = ("nearest", "avg")
 # What each mode means by default. A field left None takes its mode's default; a field given for a
 # mode that has no use for it is refused (see ToMeArgs.__post_init__).
 _MERGE_DEFAULTS = dict(ratio=0.5, sx=2, sy=2, use_rand=True, merge_attn=True, merge_crossattn=False,
-                       merge_mlp=False, reuse_steps=1, share_across_blocks=False, st=1, bands=1,
-                       restore_tokens=False)
+                       merge_mlp=False, share_across_blocks=False, st=1, bands=1)
 _DOWNSAMPLE_DEFAULTS = dict(downsample_factor=2, downsample_method="nearest")
-_COMMON_DEFAULTS = dict(proportional_attention=False)  # either mode
+# Either mode. In downsample mode reuse_steps only sets restore_tokens' window: nothing else is reused there.
+_COMMON_DEFAULTS = dict(proportional_attention=False, reuse_steps=1, restore_tokens=False)
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,9 @@ class ToMeArgs:
     proportional_attention: Optional[bool] = None
     # Restored tokens (with reuse_steps=k > 1): the first step of each window of k runs unmerged and keeps, per
     # merging site, each token's output minus its merged row's mean; the window's merged steps add it back to the
-    # tokens they unmerge, so a merged-away token is its row's output plus its own difference, not a copy.
+    # tokens they unmerge, so a merged-away token is its row's output plus its own difference, not a copy. In
+    # downsample mode each downsampled attention keeps, at that step, its output with every key minus its output
+    # with the downsampled keys, and the window's later steps add it to what they compute.
     restore_tokens: Optional[bool] = None
 
     def __post_init__(self) -> None:
@@ -92,7 +94,8 @@ class ToMeArgs:
             raise ValueError(
                 f"{', '.join(given)} {'has' if len(given) == 1 else 'have'} no meaning with mode={self.mode!r}: "
                 + ("downsampling has no ratio, dst grid, random pattern or matching to reuse; it always "
-                   "downsamples self-attention's keys and values" if self.mode == "downsample"
+                   "downsamples self-attention's keys and values (reuse_steps and restore_tokens go together "
+                   "there)" if self.mode == "downsample"
                    else "downsample_factor and downsample_method belong to mode='downsample'")
             )
         for name, default in {**own, **_COMMON_DEFAULTS}.items():
@@ -104,6 +107,7 @@ class ToMeArgs:
             raise ValueError(
                 f"max_downsample must be a positive int (1, 2, 4 or 8 for SD) or None, got {self.max_downsample!r}"
             )
+        self._check_restore()
         if self.mode == "downsample":
             self._check_downsample()
         else:
@@ -179,7 +183,7 @@ class ToMeArgs:
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"{name} must be a positive int (the dst stride in tokens), got {value!r}")
-        for name in ("use_rand", "merge_attn", "merge_crossattn", "merge_mlp", "share_across_blocks", "restore_tokens"):
+        for name in ("use_rand", "merge_attn", "merge_crossattn", "merge_mlp", "share_across_blocks"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.seed is not None and not _is_int(self.seed):
@@ -187,19 +191,29 @@ class ToMeArgs:
         if not _is_int(self.bands) or self.bands < 1:
             raise ValueError(f"bands must be a positive int (1: one matching over the whole token grid; P: as each "
                              f"rank of a P-way context-parallel run merges), got {self.bands!r}")
-        if not _is_int(self.reuse_steps) or self.reuse_steps < 1:
-            raise ValueError(
-                f"reuse_steps must be a positive int (1: match at every denoising step), got {self.reuse_steps!r}"
-            )
         if (self.reuse_steps > 1 or self.share_across_blocks) and not (
             self.merge_attn or self.merge_crossattn or self.merge_mlp
         ):
             raise ValueError("reuse_steps / share_across_blocks reuse a merge, but nothing merges (merge_attn, "
                              "merge_crossattn and merge_mlp are all False)")
+
+    def _check_restore(self) -> None:
+        if not _is_int(self.reuse_steps) or self.reuse_steps < 1:
+            raise ValueError(
+                f"reuse_steps must be a positive int (1: match at every denoising step), got {self.reuse_steps!r}"
+            )
+        if not isinstance(self.restore_tokens, bool):
+            raise ValueError(f"restore_tokens must be True or False, got {self.restore_tokens!r}")
         if self.restore_tokens and self.reuse_steps < 2:
-            raise ValueError(f"restore_tokens restores merged-away tokens from the unmerged step that starts each window "
+            restored = "merged-away tokens" if self.mode == "merge" else "what downsampling changed"
+            raise ValueError(f"restore_tokens restores {restored} from the unreduced step that starts each window "
                              f"of reuse_steps steps: give reuse_steps=2 or more (e.g. reuse_steps=3), got "
                              f"reuse_steps={self.reuse_steps}")
+        if self.mode == "downsample" and self.reuse_steps > 1 and not self.restore_tokens:
+            raise ValueError(f"reuse_steps={self.reuse_steps} has no meaning with mode='downsample' alone: "
+                             f"downsampling has no matching to reuse. Give restore_tokens=True with it (each "
+                             f"window's first step runs every key and keeps what downsampling changes), or leave "
+                             f"reuse_steps out")
 
     def _check_downsample(self) -> None:
         if not _is_int(self.downsample_factor) or self.downsample_factor < 1:
@@ -216,8 +230,8 @@ class ToMeArgs:
 
     @property
     def steps_reused(self) -> int:
-        """Denoising steps one matching serves (1: none reused; always 1 when downsampling)."""
-        return self.reuse_steps if self.mode == "merge" else 1
+        """Denoising steps one matching (in downsample mode, one restore window) serves (1: none reused)."""
+        return self.reuse_steps if self.mode == "merge" or self.restore_tokens else 1
 
     @property
     def reuses(self) -> bool:

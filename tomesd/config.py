@@ -88,8 +88,8 @@ class ToMeConfig(_Config):
 class ToDoConfig(_Config):
     """mode="downsample": self-attention's keys and values from the block's token grid downsampled by
     downsample_factor per side. None takes the default in `ToDoConfig.DEFAULTS`: downsample_factor 2,
-    downsample_method "nearest", proportional_attention False; max_downsample None (the finest level that has attention), blocks
-    None (every block).
+    downsample_method "nearest", proportional_attention False, reuse_steps 1, restore_tokens False; max_downsample
+    None (the finest level that has attention), blocks None (every block).
     """
 
     mode: ClassVar[str] = "downsample"
@@ -100,6 +100,8 @@ class ToDoConfig(_Config):
     max_downsample: Optional[int] = None
     blocks: Optional[Sequence[int]] = None
     proportional_attention: Optional[bool] = None
+    reuse_steps: Optional[int] = None
+    restore_tokens: Optional[bool] = None
 
 
 CONFIGS = (ToMeConfig, ToDoConfig)

@@ -95,7 +95,11 @@ def apply_patch(
     mode="downsample": token downsampling (ToDo). Self-attention takes its keys and values from the
       block's token grid downsampled by downsample_factor per side (2); queries stay full, nothing
       is unmerged. downsample_method: "nearest" (default; the top-left token of each cell) or "avg"
-      (the cell's mean). Deterministic; the merge-only arguments above are refused.
+      (the cell's mean). Deterministic; the merge-only arguments above are refused, but
+      proportional_attention (a pooled key weighs as its cell's tokens) and restore_tokens with reuse_steps=k:
+      the first step of each window of k runs every key, and each downsampled attention keeps its output minus
+      its output with the downsampled keys (it runs twice there), which the window's later steps add to theirs.
+      Eager, PyTorch models.
     Raises, with `model` unchanged: ValueError naming the argument for a bad argument (including
     one the chosen mode has no use for, and any setting given beside `config`); TypeError for a
     `config` that is not a ToMeConfig / ToDoConfig, or an object ToMe cannot patch.

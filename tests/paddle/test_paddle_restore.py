@@ -2,6 +2,7 @@
 after step, on a bare model (the timestep rule)."""
 import numpy as np
 import paddle
+import pytest
 import torch
 
 import tiny_paddle as P
@@ -42,3 +43,12 @@ def test_torch_and_paddle_restore_alike(tmp_path, unpatch):
     assert np.abs(restored_t[1] - reused[1]).max() > 100 * TOL  # the residuals act at the merged step
     for out_t, out_p in zip(restored_t, restored_p):
         assert np.abs(out_t - out_p).max() < TOL
+
+
+def test_restore_in_downsample_mode_is_refused_on_paddle_before_anything_changes(tmp_path):
+    from ppdiffusers import UNet2DConditionModel
+
+    paddle_unet = P.load_paddle(UNet2DConditionModel, T.unet(), tmp_path)
+    with pytest.raises(ValueError, match="mode='downsample' reruns .* PyTorch models only.*use mode='merge'"):
+        tomesd.apply_patch(paddle_unet, mode="downsample", reuse_steps=3, restore_tokens=True)
+    assert not hasattr(paddle_unet, "_tome_patch")

@@ -98,7 +98,9 @@ def test_a_pipeline_restores_by_its_loop_with_no_host_reads(tmp_path):
 @pytest.mark.parametrize("settings, message", [
     (dict(restore_tokens=True), "give reuse_steps=2 or more"),
     (dict(restore_tokens=True, reuse_steps=1), "give reuse_steps=2 or more"),
-    (dict(restore_tokens=True, mode="downsample"), "no meaning with mode='downsample'"),
+    (dict(restore_tokens=True, mode="downsample"), "restores what downsampling changed .* give reuse_steps=2"),
+    (dict(reuse_steps=3, mode="downsample"), "reuse_steps=3 has no meaning with mode='downsample' alone.*"
+                                             "Give restore_tokens=True"),
     (dict(restore_tokens=1, reuse_steps=2), "restore_tokens must be True or False"),
 ])
 def test_bad_restore_settings_are_refused_before_anything_changes(settings, message):

@@ -74,6 +74,10 @@ class StepClock:
         """Whether the step about to run is the first of its window (restore_tokens runs it unmerged)."""
         return self.count % self.steps_reused == 0
 
+    def window(self) -> int:
+        """The number of the window the step about to run belongs to, in this run."""
+        return self.count // self.steps_reused
+
     def _call(self, name: str, args: tuple, kwargs: dict) -> Any:
         return self._original(name)(*args, **kwargs)
 

@@ -2,13 +2,13 @@
 passes the downsampled tokens as the attention's own context argument, so the host's attention module and
 processor compute keys and values from them; on SD3's joint attention the image key and value projections
 take the downsampled tokens; on Flux and Wan the rotated keys and values shrink at diffusers' attention
-dispatch.
+dispatch. With restore_tokens, DownsampleRestore wraps each of those attentions outermost.
 """
 from __future__ import annotations
 
 from typing import Any, Optional
 
-from . import key_weights
+from . import key_weights, restore
 from .guards import FUSED_QKV, MASKED_DOWNSAMPLE, fused
 from .signatures import InputSpec
 from .sites import SiteHook
@@ -152,3 +152,59 @@ class CheckWeighed(SiteHook):
     def post(self, module: Any, args: tuple, output: Any) -> None:
         if self.patch.key_seam is not None:
             key_weights.check_weighed(self.patch, module)
+
+
+class DownsampleRestore(SiteHook):
+    """restore_tokens in downsample mode, outermost of ToMe's links on a downsampled attention (`wrap`): at a
+    window's first step the block does not downsample, and this runs the attention a second time with its keys
+    downsampled and keeps, for each tensor it outputs (SD3's joint attention: image and text), the output with
+    every key minus the output with the downsampled ones; the window's later steps add it to what they compute.
+    The attention's queries are all there at every step, so the residual holds for each token as it was: unlike
+    merge mode's, it needs no row and restores every output, the text's included. A residual serves only the
+    window it was taken in."""
+
+    def __init__(self, patch: Any, index: int, tokens: InputSpec) -> None:
+        super().__init__(patch, index)
+        self.tokens = tokens
+
+    def wrap(self, module: Any, inner: Any, args: tuple, kwargs: dict) -> Any:
+        call = self.patch.calls.top()
+        if call is None or call.restore is None:
+            return inner(*args, **kwargs)
+        self.patch.current_merge(self.index, self.tokens.get(args, kwargs))  # settles the block's downsampling
+        kept = call.restoring.get(self.index)
+        if kept is None:  # this block does not downsample (a level max_downsample leaves out)
+            return inner(*args, **kwargs)
+        residuals, restoring = call.restore.cache.residuals, call.restore
+        if restoring.keep:
+            full = inner(*args, **kwargs)
+            call.merges[self.index] = kept[1]
+            try:
+                reduced = inner(*args, **kwargs)
+            finally:
+                call.merges[self.index] = None
+            for position, (a, b) in enumerate(_pairs(full, reduced)):
+                residuals[restore._key(self, module, position, restoring.ordinal)] = (restoring.window, a - b)
+            return full
+        out = inner(*args, **kwargs)
+        shape, added = self.patch.xp.shape, []
+        for position, (x, _) in enumerate(_pairs(out, out)):
+            found = residuals.get(restore._key(self, module, position, restoring.ordinal))
+            ok = found is not None and found[0] == restoring.window and shape(found[1]) == shape(x)
+            added.append(x + found[1] if ok else x)
+        return _rebuilt(out, added)
+
+
+def _pairs(a: Any, b: Any) -> list:
+    """The tensors of two outputs of one attention, side by side (a tensor, or a tuple's items that are not None)."""
+    if not isinstance(a, tuple):
+        return [(a, b)]
+    return [(x, y) for x, y in zip(a, b) if x is not None]
+
+
+def _rebuilt(out: Any, tensors: list) -> Any:
+    """`out` with its tensors (as _pairs lists them) replaced by `tensors`."""
+    if not isinstance(out, tuple):
+        return tensors[0]
+    items = iter(tensors)
+    return tuple(item if item is None else next(items) for item in out)

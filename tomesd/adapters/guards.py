@@ -110,6 +110,11 @@ def validate(patch: Any) -> None:
     """Raise, before anything is changed, for a block whose merge could not be computed right."""
     args, name = patch.args, type(patch.root).__name__
     layout = patch.layout
+    if args.mode == "downsample" and args.restore_tokens and not hasattr(patch.host, "add_inner_wrapper"):
+        raise ValueError(
+            f"restore_tokens with mode='downsample' reruns each downsampled attention inside its forward chain at a "
+            f"window's first step, which ToMe does on PyTorch models only, and {name} is not one: use "
+            f"mode='merge' with restore_tokens, or mode='downsample' without it")
     if args.steps_reused > 1 and patch.timestep_spec is None:
         raise ValueError(
             f"reuse_steps needs the timestep input to tell denoising steps apart, and "

@@ -10,7 +10,8 @@ from . import guards
 from .kind_types import MASK_AXES, MASK_AXES_OR_REFUSED, SLICED_MASKS
 from .kinds import BlockKind, Span, sublayer
 from .signatures import CONTEXT, MASK, TOKENS, InputSpec
-from .downsample_sites import CheckWeighed, DownsampleContext, DownsampleDispatch, DownsampleProjection
+from .downsample_sites import CheckWeighed, DownsampleContext, DownsampleDispatch, DownsampleProjection, \
+    DownsampleRestore
 from .key_masks import MaskSlice
 from .key_weights import WeighSpanKeys, open_key_seam, weighs
 from .sites import MergeSite, SpanEnd, SpanInterior, SpanRotary, SpanStart
@@ -46,20 +47,24 @@ def install_downsample(patch: Any, index: int, block: Any, kind: BlockKind) -> N
         attn = getattr(block, way.attention, None)
         if attn is None:
             continue
+        tokens = InputSpec.find(attn, TOKENS, first_positional=True)
+        if patch.args.restore_tokens:  # outermost of this patch's links: it reruns those inside it
+            host.add_inner_wrapper(attn, DownsampleRestore(patch, index, tokens).wrap, patch)
+            track(patch, attn)
+        if way.via == "context":  # seated before the weights' check, which takes what it leaves in the call
+            hook = DownsampleContext(patch, index, tokens, InputSpec.find(attn, CONTEXT, first_positional=False),
+                                     _mask_spec(attn))
+            around(patch, attn, hook.pre, None)
         if patch.args.proportional_attention:
             open_key_seam(patch)
             check = CheckWeighed(patch, index)
             around(patch, attn, check.pre, check.post)
             weigh_projections(patch, attn)
-        if way.via == "context":
-            hook = DownsampleContext(patch, index, InputSpec.find(attn, TOKENS, first_positional=True),
-                                     InputSpec.find(attn, CONTEXT, first_positional=False), _mask_spec(attn))
-            add_hook(patch, attn, host.add_pre_hook, hook.pre)
-        elif way.via == "dispatch":
+        if way.via == "dispatch":
             open_seam(patch)
-            hook = DownsampleDispatch(patch, index, way.attention, InputSpec.find(attn, TOKENS, first_positional=True))
+            hook = DownsampleDispatch(patch, index, way.attention, tokens)
             around(patch, attn, hook.pre, hook.post)
-        else:
+        elif way.via == "projections":
             first = any(layer.image_keys_first for layer in kind.sublayers if layer.name == way.attention)
             for projection in guards.KV_PROJECTIONS:
                 hook = DownsampleProjection(patch, index, attn, projection, first)

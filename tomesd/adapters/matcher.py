@@ -66,9 +66,9 @@ class Matcher:
                 "restore_tokens runs eagerly: its steps keep and add residuals by the Python-side step count. "
                 "Compile with reuse_steps alone (restore_tokens=False), or run this patch eagerly.")
         clock = self.patch.clock
-        cache, begins = (clock.kept, clock.window_begins()) if clock is not None else \
-            (self.steps.cache, self.steps.window_begins())
-        return CallRestore(cache, cache.next_call(self.patch.slot), begins)
+        counter = clock if clock is not None else self.steps
+        cache = clock.kept if clock is not None else self.steps.cache
+        return CallRestore(cache, cache.next_call(self.patch.slot), counter.window_begins(), counter.window())
 
     def block_merge(self, index: int, block: Any, x: Any, call: CallState, grad: bool) -> BlockMerge:
         """Block `index`'s merge (or downsampling) from its image tokens `x`, or None where it does not reduce."""

@@ -18,11 +18,13 @@ from typing import Any, Callable, NamedTuple, Tuple
 
 class CallRestore(NamedTuple):
     """What a call of a restoring patch needs: the cache holding the residuals, its place among its denoiser's
-    calls in this step, and whether this step keeps residuals (the window's first, unmerged) or adds them."""
+    calls in this step, whether this step keeps residuals (the window's first, unmerged) or adds them, and the
+    window's number in its run (downsample mode ties a residual to it: it has no matching to tie it to)."""
 
     cache: Any
     ordinal: int
     keep: bool
+    window: int = 0
 
 
 class SiteRestore(NamedTuple):

@@ -105,3 +105,8 @@ class TimestepSteps:
         """Whether this thread's current step is the first of its window."""
         state = self._threads
         return state.step == state.window_start
+
+    def window(self) -> int:
+        """This thread's current window, named by the step that began it."""
+        window = self._threads.window_start
+        return -1 if window is None else window

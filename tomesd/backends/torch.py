@@ -142,6 +142,11 @@ class TorchHost:
         diffusers' and accelerate's wrappers (torch_links.py)."""
         return torch_links.seat(module, pre, post, owner)
 
+    def add_inner_wrapper(self, module: torch.nn.Module, wrap: Callable, owner: Any) -> Any:
+        """`wrap(module, inner, args, kwargs)` innermost in the module's forward chain (as add_inner_hooks): it
+        calls the rest of the chain itself."""
+        return torch_links.seat(module, None, None, owner, wrap)
+
     def remove_inner_hooks(self, module: torch.nn.Module, owns: Callable[[Any], bool]) -> None:
         torch_links.unseat(module, owns)
 

@@ -23,16 +23,20 @@ import torch
 
 class InnerLink:
     """`pre(module, args, kwargs)`, the rest of the chain (`inner`), `post(module, args, output)`: the
-    hook signatures of torch's forward hooks, so one hook object serves either place."""
+    hook signatures of torch's forward hooks, so one hook object serves either place. Or, given `wrap`,
+    `wrap(module, inner, args, kwargs)` in their place: it calls the rest of the chain itself, as often as it
+    needs (restore_tokens in downsample mode runs it twice at a window's first step)."""
 
-    __slots__ = ("module", "pre", "post", "inner", "owner", "__wrapped__")
+    __slots__ = ("module", "pre", "post", "inner", "owner", "wrap", "__wrapped__")
 
     def __init__(self, module: torch.nn.Module, pre: Optional[Callable], post: Optional[Callable], owner: Any,
-                 inner: Callable) -> None:
-        self.module, self.pre, self.post, self.owner = module, pre, post, owner
+                 inner: Callable, wrap: Optional[Callable] = None) -> None:
+        self.module, self.pre, self.post, self.owner, self.wrap = module, pre, post, owner, wrap
         self.inner = self.__wrapped__ = inner  # inspect.signature(link) reads the module's own signature
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.wrap is not None:
+            return self.wrap(self.module, self.inner, args, kwargs)
         if self.pre is not None:
             changed = self.pre(self.module, args, kwargs)
             if changed is not None:
@@ -88,17 +92,18 @@ def _is_own_forward(value: Any, module: torch.nn.Module) -> bool:
     return getattr(value, "__self__", None) is module and getattr(value, "__func__", None) is type(module).forward
 
 
-def seat(module: torch.nn.Module, pre: Optional[Callable], post: Optional[Callable], owner: Any) -> InnerLink:
+def seat(module: torch.nn.Module, pre: Optional[Callable], post: Optional[Callable], owner: Any,
+         wrap: Optional[Callable] = None) -> InnerLink:
     """A link of `owner` where `module`'s chain calls its own forward (see the module docstring)."""
     for holder, name in _slots(module):
         value = _value(holder, name)
         if _is_own_forward(value, module):
-            link = InnerLink(module, pre, post, owner, value)
+            link = InnerLink(module, pre, post, owner, value, wrap)
             setattr(holder, name, link)
             return link
     # No wrapper holds the own forward: the class's forward is called directly (or an unknown wrapper
     # replaced it, and the link goes outside that wrapper, where torch's hooks would be).
-    link = InnerLink(module, pre, post, owner, module.forward)
+    link = InnerLink(module, pre, post, owner, module.forward, wrap)
     module.forward = link
     return link
 
