@@ -15,7 +15,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 ARCH_OF = {"sd1": "sd15", "sd3": "sd3", "video": "animatediff", "wan": "wan"}
 
@@ -157,7 +157,8 @@ def config_of(setting: Any) -> Any:
 def _flops(bench: Any, configs: List[Any], notes: List[str]) -> List[Optional[float]]:
     """The baseline's FLOPs over each configuration's, per denoiser call over a loop, counted on the meta device:
     a reused matching costs what matching every step costs there (its matching is not counted), restored tokens
-    run one call in reuse_steps unmerged. None for a step cache (it skips whole calls by the values it meets)."""
+    run one call in reuse_steps unmerged (in downsample mode, with each downsampled attention run again reduced).
+    None for a step cache (it skips whole calls by the values it meets)."""
     if bench.device != "cpu" and not bench.device.startswith("cuda"):
         return [None] * len(configs)
     import torch
@@ -171,12 +172,19 @@ def _flops(bench: Any, configs: List[Any], notes: List[str]) -> List[Optional[fl
         model = kit.build(bench.config, bench.seed, bench.depth)
     inputs = kit.inputs(bench.config, bench.batch, bench.res, bench.seed + 1, bench.frames, bench.width or None)
 
-    def count(config: Any) -> int:
+    names = {id(module): f"{type(model).__name__}.{name}" for name, module in model.named_modules()}
+
+    def count(config: Any) -> Tuple[int, Dict[str, Dict[Any, int]], List[Tuple[Any, str]]]:
+        """The forward's FLOPs, also per module and op, and the attentions the patch downsamples (name, way)."""
+        from .adapters.targets import installed_patches
+
         with kit.method(model, config, bench), FlopCounterMode(display=False) as counter:
             kit.forward(model, inputs)
-        return int(counter.get_total_flops())
+            sites = [(names.get(id(getattr(block, way.attention, None))), way.via) for patch in installed_patches(model)
+                     for block, kind in zip(patch.blocks, patch.kinds) for way in kind.downsample]
+        return int(counter.get_total_flops()), counter.get_flop_counts(), sites
 
-    base = count(Config("baseline"))
+    base, base_counts, _ = count(Config("baseline"))
     out: List[Optional[float]] = []
     for config in configs:
         if config.cache is not None or config.kwargs is None:
@@ -186,14 +194,29 @@ def _flops(bench: Any, configs: List[Any], notes: List[str]) -> List[Optional[fl
         k = kwargs.pop("reuse_steps", 1)
         restored = kwargs.pop("restore_tokens", False)
         try:
-            merged = count(Config("tome", kwargs=json.dumps(kwargs, sort_keys=True)))
+            merged, counts, sites = count(Config("tome", kwargs=json.dumps(kwargs, sort_keys=True)))
         except Exception as exc:  # noqa: BLE001 - what cannot run on meta (a host read) is left uncounted
             notes.append(f"FLOPs of {kwargs} not counted on the meta device: {type(exc).__name__}")
             out.append(None)
             continue
-        per_call = (base + (k - 1) * merged) / k if restored else merged
+        rerun = _rerun(counts, base_counts, sites) if kwargs.get("mode") == "downsample" else 0
+        per_call = (base + rerun + (k - 1) * merged) / k if restored else merged
         out.append(base / per_call)
     return out
+
+
+def _rerun(counts: Dict[str, Dict[Any, int]], base: Dict[str, Dict[Any, int]], sites: List[Tuple[Any, str]]) -> int:
+    """What downsample mode's restoring runs again at a window's first step, from FLOPs per module and op: each
+    attention downsampling changed (one at a level it leaves out is not run again), reduced; the whole module where
+    it downsamples before projecting, the attention's own products alone where it does at the dispatch."""
+    total = 0
+    for name, via in sites:
+        ops = counts.get(name)
+        if ops is None or ops == base.get(name):
+            continue
+        total += sum(flops for op, flops in ops.items()
+                     if via != "dispatch" or str(op).split(".")[1] not in ("addmm", "mm", "linear"))
+    return total
 
 
 def _point(setting: Any, row: Any, close: Optional[Dict[str, Any]], flop_ratio: Optional[float]) -> Dict[str, Any]:

@@ -54,18 +54,22 @@ AT_DISPATCH = pytest.mark.skipif(not torch_dispatch.available(), reason="this di
                                  "(env (a), current diffusers, runs it)")
 
 
-@pytest.mark.parametrize("name", ["unet", "sd3", pytest.param("wan", marks=AT_DISPATCH),
-                                  pytest.param("flux", marks=AT_DISPATCH)])
-def test_later_steps_restore_what_downsampling_changed_and_plain_downsampling_does_not(name, unpatch):
+@pytest.mark.parametrize("name, prop", [("unet", False), ("sd3", False), ("sd3", True),
+                                        pytest.param("wan", False, marks=AT_DISPATCH),
+                                        pytest.param("flux", False, marks=AT_DISPATCH),
+                                        pytest.param("flux", True, marks=AT_DISPATCH)])
+def test_later_steps_restore_what_downsampling_changed_and_plain_downsampling_does_not(name, prop, unpatch):
+    """With proportional attention the downsampled run alone weighs its keys (Flux: at the dispatch, where the
+    first step runs the attention call itself twice)."""
     model, inputs, steps = _family(name)
     base = _run(model, inputs(steps[0]))
     assert (base - _run(model, inputs(steps[1]))).abs().max() == 0  # no timestep embedding: steps alike
     scale = base.abs().max()
-    tomesd.apply_patch(model, mode="downsample", downsample_method="avg")
+    tomesd.apply_patch(model, mode="downsample", downsample_method="avg", proportional_attention=prop)
     unpatch(model)
     plain = _run(model, inputs(steps[1]))
     assert (plain - base).abs().max() > 100 * TOL * scale  # downsampling changes the output
-    tomesd.apply_patch(model, **SETTINGS)
+    tomesd.apply_patch(model, **SETTINGS, proportional_attention=prop)
     restored = [_run(model, inputs(t)) for t in steps]
     assert (restored[0] == base).all() and (restored[3] == base).all()  # the windows' first steps: bit for bit
     for out in restored[1:3]:
@@ -100,3 +104,22 @@ def test_proportional_attention_and_a_pipeline_restore_alike(tmp_path):
     assert (torch.as_tensor(plain) - torch.as_tensor(base)).abs().max() > 1e-3
     assert (torch.as_tensor(restored) - torch.as_tensor(plain)).abs().max() > 1e-3
     assert T.run_pipeline(pipe).tolist() == base.tolist()  # removed: as before
+
+
+def test_a_residual_serves_only_the_window_it_was_taken_in(unpatch):
+    """A call that ran at an earlier window's first step but not at this one's (guidance left out of a step, as a
+    guidance interval does) gets nothing added: plain downsampling, not an older window's residual."""
+    model, inputs, steps = _family("sd3")
+    other = dict(inputs(0), encoder_hidden_states=inputs(0)["encoder_hidden_states"].flip(0))
+    other_at = lambda t: dict(other, timestep=torch.full((2,), float(t)))
+    tomesd.apply_patch(model, mode="downsample", downsample_method="avg")
+    unpatch(model)
+    plain = _run(model, other_at(300))
+    tomesd.apply_patch(model, mode="downsample", downsample_method="avg", reuse_steps=2, restore_tokens=True)
+    for t in (900, 800):  # the first window: both calls at both steps
+        _run(model, inputs(t)), _run(model, other_at(t))
+    _run(model, inputs(400))  # the second window's first step: one call
+    _run(model, inputs(300))
+    second = _run(model, other_at(300))
+    assert (second - plain).abs().max() < TOL * plain.abs().max()
+    assert (second - _run(model, other_at(900))).abs().max() > 0.1  # steps alike: the old residual would restore it

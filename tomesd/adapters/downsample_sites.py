@@ -2,7 +2,8 @@
 passes the downsampled tokens as the attention's own context argument, so the host's attention module and
 processor compute keys and values from them; on SD3's joint attention the image key and value projections
 take the downsampled tokens; on Flux and Wan the rotated keys and values shrink at diffusers' attention
-dispatch. With restore_tokens, DownsampleRestore wraps each of those attentions outermost.
+dispatch. With restore_tokens, DownsampleRestore wraps the first two kinds of attention outermost (it runs the
+module twice at a window's first step), and DispatchRestore runs the last kind's attention call twice there.
 """
 from __future__ import annotations
 
@@ -88,7 +89,12 @@ class DownsampleDispatch(SiteHook):
 
     def pre(self, module: Any, args: tuple, kwargs: dict) -> None:
         down = self.patch.current_merge(self.index, self.tokens.get(args, kwargs))
-        if down is not None:
+        call = self.patch.calls.top()
+        kept = None if call is None or call.restore is None else call.restoring.get(self.index)
+        if kept is not None:  # restore_tokens: at the dispatch, where only the attention itself runs twice
+            self.patch.seam.arm(DispatchRestore(self, kept[1], restore._key(self, module, 0, call.restore.ordinal),
+                                                call.restore))
+        elif down is not None:
             self.patch.seam.arm(lambda backend_kwargs: self._shrink(down, backend_kwargs))
             weigh_downsampled(self.patch, down, False)
 
@@ -124,6 +130,33 @@ class DownsampleDispatch(SiteHook):
         return {**kwargs, "key": small_key, "value": self._timed("downsample", _shrink_tail, self.patch.xp, down, value, n)}
 
 
+class DispatchRestore:
+    """restore_tokens at diffusers' attention dispatch (Flux, Wan: keys arrive there rotated and normalised, so
+    downsampling them there is exactly what a downsampled step does): at a window's first step the backend runs
+    with every key and again with the downsampled ones, and the site keeps the first output minus the second; the
+    window's later steps run it downsampled and add that. Only the attention itself runs twice, not the module's
+    projections (DownsampleRestore's way, for the attentions that downsample before projecting)."""
+
+    __slots__ = ("hook", "down", "key", "restoring")
+
+    def __init__(self, hook: DownsampleDispatch, down: Any, key: tuple, restoring: Any) -> None:
+        self.hook, self.down, self.key, self.restoring = hook, down, key, restoring
+
+    def around(self, fn: Any, kwargs: dict) -> Any:
+        residuals, restoring, patch = self.restoring.cache.residuals, self.restoring, self.hook.patch
+        if restoring.keep:
+            full = fn(**kwargs)
+            weigh_downsampled(patch, self.down, False)  # the downsampled run's keys alone are weighed
+            residuals[self.key] = (restoring.window, full - fn(**self.hook._shrink(self.down, kwargs)))
+            return full
+        weigh_downsampled(patch, self.down, False)
+        out = fn(**self.hook._shrink(self.down, kwargs))
+        found = residuals.get(self.key)
+        if found is None or found[0] != restoring.window or patch.xp.shape(found[1]) != patch.xp.shape(out):
+            return out
+        return out + found[1]
+
+
 def _shrink_tail(xp: Any, down: Any, x: Any, n: int) -> Any:
     """[B, S, heads, dim] rows whose last n are the image's: those downsampled, the others (text) kept."""
     b, s, heads, dim = xp.shape(x)
@@ -155,7 +188,8 @@ class CheckWeighed(SiteHook):
 
 
 class DownsampleRestore(SiteHook):
-    """restore_tokens in downsample mode, outermost of ToMe's links on a downsampled attention (`wrap`): at a
+    """restore_tokens in downsample mode, outermost of ToMe's links on an attention whose context argument or key and
+    value projections take the downsampled tokens (`wrap`; DispatchRestore does it at the dispatch): at a
     window's first step the block does not downsample, and this runs the attention a second time with its keys
     downsampled and keeps, for each tensor it outputs (SD3's joint attention: image and text), the output with
     every key minus the output with the downsampled ones; the window's later steps add it to what they compute.

@@ -48,7 +48,7 @@ def install_downsample(patch: Any, index: int, block: Any, kind: BlockKind) -> N
         if attn is None:
             continue
         tokens = InputSpec.find(attn, TOKENS, first_positional=True)
-        if patch.args.restore_tokens:  # outermost of this patch's links: it reruns those inside it
+        if patch.args.restore_tokens and way.via != "dispatch":  # outermost of this patch's links: reruns them
             host.add_inner_wrapper(attn, DownsampleRestore(patch, index, tokens).wrap, patch)
             track(patch, attn)
         if way.via == "context":  # seated before the weights' check, which takes what it leaves in the call

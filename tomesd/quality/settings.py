@@ -25,6 +25,18 @@ _RESTORED = [
                                                     restore_tokens=True)),
 ]
 
+# Restored tokens in downsample mode: each window's first step runs every key, its later steps add back what the
+# downsampled keys changed (on Wan and SD3, toward issue 40's downsample and Wan goals).
+_DOWNSAMPLE_RESTORED = [
+    Setting("downsample f=2 avg reuse 3 restore", dict(mode="downsample", downsample_method="avg", reuse_steps=3,
+                                                       restore_tokens=True)),
+    Setting("downsample f=2 nearest reuse 3 restore", dict(mode="downsample", reuse_steps=3, restore_tokens=True)),
+    *[Setting(f"downsample f={f} avg prop reuse {k} restore",
+              dict(mode="downsample", downsample_factor=f, downsample_method="avg", proportional_attention=True,
+                   reuse_steps=k, restore_tokens=True))
+      for f, k in ((2, 3), (2, 2), (2, 4), (4, 2), (4, 3))],
+]
+
 DEFAULT_SETTINGS = [
     Setting("baseline", None),
     Setting("ToMe r=0.25", dict(ratio=0.25)),
@@ -90,6 +102,7 @@ SD3_SETTINGS = [
     Setting("downsample f=4 avg", dict(mode="downsample", downsample_factor=4, downsample_method="avg")),
     Setting("downsample f=2 nearest prop", dict(mode="downsample", proportional_attention=True)),
     Setting("downsample f=2 avg prop", dict(mode="downsample", downsample_method="avg", proportional_attention=True)),
+    *_DOWNSAMPLE_RESTORED,
     # The band rule: what each rank of a 2- or 4-way context-parallel run merges (bands of 16 or 8 patch rows).
     Setting("ToMe r=0.5 bands=2", dict(ratio=0.5, bands=2)),
     Setting("ToMe r=0.5 bands=4", dict(ratio=0.5, bands=4)),
@@ -135,6 +148,8 @@ WAN_SETTINGS = [
     Setting("downsample f=2 avg", dict(mode="downsample", downsample_method="avg")),
     Setting("downsample f=3 avg", dict(mode="downsample", downsample_factor=3, downsample_method="avg")),
     Setting("downsample f=4 avg", dict(mode="downsample", downsample_factor=4, downsample_method="avg")),
+    Setting("downsample f=2 avg prop", dict(mode="downsample", downsample_method="avg", proportional_attention=True)),
+    *_DOWNSAMPLE_RESTORED,
 ]
 SETTINGS = {"sd1": DEFAULT_SETTINGS, "sd3": SD3_SETTINGS, "video": VIDEO_SETTINGS, "wan": WAN_SETTINGS}
 
