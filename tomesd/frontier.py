@@ -37,6 +37,10 @@ def add_arguments(parser: Any) -> None:
                         help="the architecture timed instead of the yardstick's real one (bench's --config names: "
                              "tiny-sd3 and the like for checks)")
     parser.add_argument("--res", type=int, default=1024, help="image side in pixels (video: 512 is usual)")
+    parser.add_argument("--width", type=int, default=0, help="image width in pixels (default: --res, square)")
+    parser.add_argument("--flops-only", action="store_true",
+                        help="time nothing: each setting's FLOPs ratio alone, counted on the meta device (sizes this "
+                             "machine cannot time; the front is then on the FLOPs ratio)")
     parser.add_argument("--depth", type=int, default=None, help="transformers: blocks built (default: all)")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--frames", type=int, default=None, help="video: frames per clip (default: the arch's)")
@@ -74,7 +78,7 @@ def run(args: Any) -> int:
         return 2
     bench = Settings(config=arch, depth=args.depth, res=args.res, batch=args.batch, ratios=(), steps=args.steps,
                      repeats=args.repeats, warmup=args.warmup, device=args.device, dtype=args.dtype,
-                     frames=args.frames or ARCHS[arch].frames or 16)
+                     frames=args.frames or ARCHS[arch].frames or 16, width=args.width)
     timed, notes = [], []
     for setting in settings[1:]:
         if setting.kwargs and "ratio_schedule" in setting.kwargs:
@@ -85,20 +89,25 @@ def run(args: Any) -> int:
             continue
         timed.append((setting, config_of(setting)))
     configs = [Config("baseline")] + [config for _, config in timed]
-    print(f"timing {len(configs)} configurations on {ARCHS[arch].name} at {args.res}², depth "
-          f"{args.depth or 'full'}, {args.steps} calls per loop", file=sys.stderr)
-    with progress_bar(len(configs) * (args.warmup + args.repeats + 1), "denoiser loops") as bar:
-        rows = run_unet(bench, bar.update, notes, configs)
+    rows: List[Any] = [None] * len(configs)
+    if not args.flops_only:
+        print(f"timing {len(configs)} configurations on {ARCHS[arch].name} at {_size(args)}, depth "
+              f"{args.depth or 'full'}, {args.steps} calls per loop", file=sys.stderr)
+        with progress_bar(len(configs) * (args.warmup + args.repeats + 1), "denoiser loops") as bar:
+            rows = run_unet(bench, bar.update, notes, configs)
     flops = _flops(bench, [config for _, config in timed], notes)
     points = [_point(setting, row, closeness.get(setting.name), ratio)
               for (setting, _), row, ratio in zip(timed, rows[1:], flops)]
-    front = pareto(points)
+    front = pareto(points, "flop_ratio" if args.flops_only else "speedup")
     for point in points:
         point["front"] = point["name"] in front
     print(_table(points, args, notes))
     doc = {"schema": "tomesd-frontier/1", "yardstick": args.arch, "architecture": ARCHS[arch].name,
-           "res": args.res, "depth": args.depth, "batch": args.batch, "steps": args.steps, "device": args.device,
-           "dtype": args.dtype, "baseline_time_s": rows[0].time_s, "points": points, "notes": notes}
+           "res": args.res, "width": args.width or args.res, "flops_only": args.flops_only, "depth": args.depth,
+           "batch": args.batch,
+           "steps": args.steps, "device": args.device,
+           "dtype": args.dtype, "baseline_time_s": None if rows[0] is None else rows[0].time_s, "points": points,
+           "notes": notes}
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
@@ -221,31 +230,37 @@ def _rerun(counts: Dict[str, Dict[Any, int]], base: Dict[str, Dict[Any, int]], s
 
 def _point(setting: Any, row: Any, close: Optional[Dict[str, Any]], flop_ratio: Optional[float]) -> Dict[str, Any]:
     close = close or {}
-    return {"name": setting.name, "kwargs": setting.kwargs, "cache": setting.cache, "speedup": row.speedup,
-            "time_s": row.time_s, "flop_ratio": flop_ratio, "psnr": close.get("psnr"),
+    return {"name": setting.name, "kwargs": setting.kwargs, "cache": setting.cache,
+            "speedup": None if row is None else row.speedup, "time_s": None if row is None else row.time_s,
+            "flop_ratio": flop_ratio, "psnr": close.get("psnr"),
             "temporal_psnr": close.get("temporal_psnr"), "accuracy": close.get("accuracy"), "fd": close.get("fd")}
 
 
-def pareto(points: List[Dict[str, Any]]) -> List[str]:
-    """The names of the points no other point matches or beats on both speed-up and PSNR (one strictly)."""
-    scored = [p for p in points if p.get("psnr") is not None and p.get("speedup") is not None]
+def pareto(points: List[Dict[str, Any]], speed: str = "speedup") -> List[str]:
+    """The names of the points no other point matches or beats on both speed (`speed`: the measured speed-up, or the
+    FLOPs ratio) and PSNR (one strictly)."""
+    scored = [p for p in points if p.get("psnr") is not None and p.get(speed) is not None]
 
     def beaten(p: Dict[str, Any]) -> bool:
-        return any(q is not p and q["speedup"] >= p["speedup"] and q["psnr"] >= p["psnr"]
-                   and (q["speedup"] > p["speedup"] or q["psnr"] > p["psnr"]) for q in scored)
+        return any(q is not p and q[speed] >= p[speed] and q["psnr"] >= p["psnr"]
+                   and (q[speed] > p[speed] or q["psnr"] > p["psnr"]) for q in scored)
 
-    return [p["name"] for p in sorted(scored, key=lambda p: p["speedup"]) if not beaten(p)]
+    return [p["name"] for p in sorted(scored, key=lambda p: p[speed]) if not beaten(p)]
+
+
+def _size(args: Any) -> str:
+    return f"{args.res}x{args.width}" if args.width else f"{args.res}²"
 
 
 def _table(points: List[Dict[str, Any]], args: Any, notes: List[str]) -> str:
     def num(value: Optional[float], fmt: str) -> str:
-        return "-" if value is None else format(value, fmt)
+        return "-" if value is None else format(value, fmt) + ("x" if fmt == ".2f" else "")
 
-    lines = [f"\nfrontier ({args.arch} yardstick; speed on {args.config or ARCH_OF[args.arch]} at {args.res}², depth "
+    lines = [f"\nfrontier ({args.arch} yardstick; speed on {args.config or ARCH_OF[args.arch]} at {_size(args)}, depth "
              f"{args.depth or 'full'}, batch {args.batch}, {args.steps} calls per loop, {args.device})",
              "| setting | speed-up | FLOPs ratio | PSNR (dB) | on the front |", "|---|---|---|---|---|"]
-    for p in sorted(points, key=lambda p: -p["speedup"]):
-        lines.append(f"| {p['name']} | {p['speedup']:.2f}x | {num(p['flop_ratio'], '.2f')}x | "
+    for p in sorted(points, key=lambda p: -(p["speedup"] or p["flop_ratio"] or 0)):
+        lines.append(f"| {p['name']} | {num(p['speedup'], '.2f')} | {num(p['flop_ratio'], '.2f')} | "
                      f"{num(p['psnr'], '.1f')} | {'yes' if p['front'] else ''} |")
     return "\n".join(lines + [f"note: {note}" for note in notes])
 
@@ -257,13 +272,15 @@ def _plot(path: str, doc: Dict[str, Any]) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(10, 7))
-    points = [p for p in doc["points"] if p["psnr"] is not None]
+    speed = "flop_ratio" if doc.get("flops_only") else "speedup"
+    points = [p for p in doc["points"] if p["psnr"] is not None and p[speed] is not None]
     for p in points:
-        ax.plot(p["speedup"], p["psnr"], "o", color="tab:red" if p["front"] else "tab:blue")
-        ax.annotate(p["name"], (p["speedup"], p["psnr"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    front = sorted((p for p in points if p["front"]), key=lambda p: p["speedup"])
-    ax.plot([p["speedup"] for p in front], [p["psnr"] for p in front], "-", color="tab:red", label="Pareto front")
-    ax.set(xlabel=f"speed-up per denoiser call ({doc['architecture']}, {doc['res']}², {doc['device']})",
+        ax.plot(p[speed], p["psnr"], "o", color="tab:red" if p["front"] else "tab:blue")
+        ax.annotate(p["name"], (p[speed], p["psnr"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    front = sorted((p for p in points if p["front"]), key=lambda p: p[speed])
+    ax.plot([p[speed] for p in front], [p["psnr"] for p in front], "-", color="tab:red", label="Pareto front")
+    what = "FLOPs ratio" if doc.get("flops_only") else "speed-up"
+    ax.set(xlabel=f"{what} per denoiser call ({doc['architecture']}, {doc['res']}x{doc['width']}, {doc['device']})",
            ylabel=f"PSNR vs the unpatched model ({doc['yardstick']} yardstick, dB)")
     ax.grid(alpha=0.3)
     ax.legend()
