@@ -91,7 +91,7 @@ def test_the_verdict_says_when_nothing_pays_beyond_the_noise():
 
 def test_modes_reuse_and_a_denoising_loop(tmp_path, capsys):
     out_json = tmp_path / "r.json"
-    argv = TINY + ["--no-memory", "--ratios", "0.5", "--modes", "merge,downsample,merge-restore", "--reuse-steps",
+    argv = TINY + ["--no-memory", "--ratios", "0.5", "--modes", "merge,downsample,merge-restore,downsample-restore", "--reuse-steps",
                    "1,2", "--steps", "3", "--compare", "--json", str(out_json)]
     assert bench(argv) == 0
     printed = capsys.readouterr().out
@@ -99,11 +99,16 @@ def test_modes_reuse_and_a_denoising_loop(tmp_path, capsys):
     doc = json.loads(out_json.read_text())
     rows = {(r["method"], r["mode"], r["reuse_steps"]): r for r in doc["results"]}
     assert set(rows) == {("baseline", "merge", 1), ("tome", "merge", 1), ("tome", "merge", 2),
-                         ("tome", "downsample", 1), ("reference", "merge", 1), ("tome", "merge-restore", 2)}
+                         ("tome", "downsample", 1), ("reference", "merge", 1), ("tome", "merge-restore", 2),
+                         ("tome", "downsample-restore", 2)}
     # restored tokens: one [2, 256, 32] float32 residual per level-1 self-attention (3 blocks), stated in the output
     restored = rows[("tome", "merge-restore", 2)]
     assert restored["restore_sites"] == 3 and restored["restore_bytes"] == 3 * 2 * 256 * 32 * 4
     assert "r=0.5 reuse 2 prop restore keeps 0.2 MiB of residuals" in printed
+    # in downsample mode: one [2, 256, 32] residual per downsampled attention (the level-1 self-attentions)
+    restored = rows[("tome", "downsample-restore", 2)]
+    assert restored["restore_sites"] == 3 and restored["restore_bytes"] == 3 * 2 * 256 * 32 * 4
+    assert "downsample (ours) reuse 2 restore keeps 0.2 MiB of residuals" in printed
     down = rows[("tome", "downsample", 1)]
     assert down["tokens"]["1"] == [768, 768 // 4]  # keys at level 1: a quarter
     assert down["output_change"] > 0 and down["tome_time_s"] > 0
@@ -118,6 +123,7 @@ def test_modes_reuse_and_a_denoising_loop(tmp_path, capsys):
     [
         (["--modes", "merge,fast"], "choose from merge, merge-mlp, merge-prop, merge-restore, downsample"),
         (["--modes", "merge-restore", "--steps", "6"], "give --reuse-steps 3"),
+        (["--modes", "downsample-restore", "--steps", "6"], "give --reuse-steps 3"),
         (["--reuse-steps", "0"], "each value must be at least 1"),
         (["--reuse-steps", "3"], "needs --steps N"),
         (["--reuse-steps", "2", "--steps", "4", "--compile"], "cannot be compiled"),

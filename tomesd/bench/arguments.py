@@ -40,7 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--modes", default=None,
                         help="comma-separated: merge (ToMe, one row per ratio), merge-mlp (ToMe with merge_mlp=True, "
                              "one row per ratio), merge-prop (ToMe with proportional_attention=True, one row per ratio), "
-                             "downsample (ToDo, one row); default merge,downsample")
+                             "merge-restore (that and restore_tokens, per ratio and --reuse-steps K > 1), downsample "
+                             "(ToDo, one row), downsample-restore (ToDo with restore_tokens, per --reuse-steps K > 1); "
+                             "default merge,downsample")
     parser.add_argument("--reuse-steps", default="1", metavar="K[,K...]",
                         help="merge rows per ratio, one per K: matching reused for K denoising steps (use with --steps)")
     parser.add_argument("--downsample-factor", type=int, default=2, help="per side, with --modes downsample")

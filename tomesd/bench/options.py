@@ -66,9 +66,11 @@ def _ints(text: str, option: str) -> List[int]:
 
 def _modes(text: str) -> List[str]:
     modes = [part.strip() for part in text.split(",") if part.strip()]
-    bad = [m for m in modes if m not in ("merge", "merge-mlp", "merge-prop", "merge-restore", "downsample")]
+    bad = [m for m in modes if m not in ("merge", "merge-mlp", "merge-prop", "merge-restore", "downsample",
+                                         "downsample-restore")]
     if not modes or bad:
-        raise ValueError(f"--modes {text!r}: choose from merge, merge-mlp, merge-prop, merge-restore, downsample")
+        raise ValueError(f"--modes {text!r}: choose from merge, merge-mlp, merge-prop, merge-restore, downsample, "
+                         f"downsample-restore")
     return modes
 
 
@@ -97,9 +99,9 @@ def prepare(args: argparse.Namespace) -> Prepared:
     if args.compile and max(reuse) > 1:
         raise ValueError("--reuse-steps above 1 cannot be compiled: telling denoising steps apart reads the "
                          "timestep on the host")
-    if "merge-restore" in modes and max(reuse) < 2:
-        raise ValueError("--modes merge-restore restores tokens from the unmerged first step of each --reuse-steps "
-                         "window: give --reuse-steps 3 (or 2) and --steps 6 or more")
+    if ("merge-restore" in modes or "downsample-restore" in modes) and max(reuse) < 2:
+        raise ValueError("--modes merge-restore and downsample-restore restore from the unreduced first step of each "
+                         "--reuse-steps window: give --reuse-steps 3 (or 2) and --steps 6 or more")
     if max(reuse) > 1 and (args.steps or 1) < 2:
         raise ValueError("--reuse-steps above 1 needs --steps N (N >= 2): reuse only shows over a denoising loop")
     for name in ("batch", "repeats"):
@@ -143,6 +145,8 @@ def prepare(args: argparse.Namespace) -> Prepared:
     arch = ARCHS[args.config]
     if height % arch.vae_factor or width % arch.vae_factor:
         raise ValueError(f"--res must be a multiple of {arch.vae_factor} for {arch.name} (its VAE's downsampling)")
+    if arch.no_downsample and "downsample-restore" in modes:
+        raise ValueError(f"--modes downsample-restore: {arch.no_downsample}; run --modes merge-restore")
     if arch.no_downsample and "downsample" in modes:
         if args.modes:  # asked for by name: refused with the family's reason
             raise ValueError(f"--modes downsample: {arch.no_downsample}; run --modes merge")

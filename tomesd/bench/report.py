@@ -25,8 +25,8 @@ def label(row: Any, reference_name: str) -> str:
         return "baseline" if cache is None else f"{cache} alone"
     if row.method == "reference":
         return f"{reference_name} r={row.ratio:g}"
-    if row.mode == "downsample":
-        name = "downsample (ours)"
+    if row.mode in ("downsample", "downsample-restore"):
+        name = "downsample (ours)" + (f" reuse {row.reuse_steps} restore" if row.mode == "downsample-restore" else "")
     else:
         name = f"ToMe (ours) r={row.ratio:g}" + (f" reuse {row.reuse_steps}" if row.reuse_steps > 1 else "")
         name += {"merge-mlp": " merge_mlp", "merge-prop": " prop", "merge-restore": " prop restore"}.get(row.mode, "")
@@ -102,8 +102,9 @@ def table(rows: List[Any], reference_name: str) -> str:
         lines.append(line)
     for row in rows:
         if getattr(row, "restore_sites", None):
+            what = "downsampled attention" if row.mode == "downsample-restore" else "merging site"
             lines.append(f"\n{label(row, reference_name)} keeps {row.restore_bytes / 2**20:,.1f} MiB of residuals between its "
-                         f"unmerged and merged steps: {row.restore_sites} tensors (one per merging site, output and call "
+                         f"unreduced and reduced steps: {row.restore_sites} tensors (one per {what}, output and call "
                          f"of a step), {row.restore_bytes / row.restore_sites / 2**20:,.2f} MiB each")
     return "\n".join(lines)
 

@@ -60,9 +60,12 @@ class Config:
         """tomesd.apply_patch's arguments for this configuration (method "tome")."""
         if self.kwargs is not None:
             return json.loads(self.kwargs)
-        if self.mode == "downsample":
+        if self.mode in ("downsample", "downsample-restore"):
+            restored = dict(reuse_steps=self.reuse_steps, restore_tokens=True) if self.mode == "downsample-restore" \
+                else {}
             return dict(mode="downsample", max_downsample=settings.max_downsample,
-                        downsample_factor=settings.downsample_factor, downsample_method=settings.downsample_method)
+                        downsample_factor=settings.downsample_factor, downsample_method=settings.downsample_method,
+                        **restored)
         weighed = dict(proportional_attention=True) if self.mode in ("merge-prop", "merge-restore") else {}
         if self.mode == "merge-restore":
             weighed["restore_tokens"] = True
@@ -96,7 +99,7 @@ class Row:
     compiled_vs_eager: Optional[float] = None  # with --compile: relative difference of the compiled output
     flops: Optional[int] = None  # one forward's floating-point operations (flops.fill_flops), None if not counted
     flop_speedup: Optional[float] = None  # the baseline's flops over this row's (flops.py: a yardstick, not a bound)
-    restore_bytes: Optional[int] = None  # merge-restore: the residuals kept after the loop, all sites and calls
+    restore_bytes: Optional[int] = None  # merge-/downsample-restore: the residuals kept after the loop, all sites and calls
     restore_sites: Optional[int] = None  # ... in this many tensors (one per site, output and call of a step)
 
 
@@ -110,6 +113,8 @@ def configurations(settings: Settings) -> List[Config]:
                         if k > 1 or mode != "merge-restore"]
     if "downsample" in settings.modes:
         configs.append(Config("tome", None, "downsample"))
+    if "downsample-restore" in settings.modes:  # restored tokens in downsample mode, each --reuse-steps above 1
+        configs += [Config("tome", None, "downsample-restore", k) for k in settings.reuse_steps if k > 1]
     if settings.compare:
         configs += [Config("reference", ratio) for ratio in settings.ratios]
     # Each cache alone, and stacked under each of our settings, all interleaved in one run.
@@ -228,7 +233,7 @@ def _measure(settings: Settings, kit: Any, model: Any, loop: List[Tuple[Any, ...
             kit.sync()
             counted_s = time.perf_counter() - started  # the forward ToMe's own share is taken of
             out = outs[-1]
-            if cfg.mode == "merge-restore":
+            if cfg.mode in ("merge-restore", "downsample-restore"):
                 row.restore_bytes, row.restore_sites = held_residuals(target)
         if observed is not None:
             timer.total += observed.total_seconds
