@@ -20,7 +20,7 @@ from typing import Any, Tuple
 
 from .guards import split_sequence
 from .layouts import STRATEGIES, Layout, Levels, SpaceTime, _config, _patch_size, _spacetime_patch
-from .layouts_image_first import ImageFirstGrid, PatchAxes
+from .layouts_image_first import ImageFirstGrid, PatchAxes, image_count
 from .roots import RootKind
 from .signatures import InputSpec
 
@@ -67,12 +67,7 @@ class _ImageFirst:
         super().read(call, module, args, kwargs, shape, name)
 
     def image_tokens(self, call: Any, x: Any, index: int = 0) -> Any:
-        if call.coords is None:
-            call.coords = self._coords(call, x)
-        if call.band is not None and call.band.index is not None:
-            raise ValueError(f"{self.model} under context parallelism cannot be merged: its image tokens come first in "
-                             f"a sequence ToMe cannot band; run it on one process, or without ToMe")
-        n, s = self.xp.shape(call.coords[0])[0], self.xp.shape(x)[1]
+        n, s = image_count(self, call, x), self.xp.shape(x)[1]
         if s < n:
             raise split_sequence(self.model, s, n)
         call.tail = s - n  # this block's text, after the image: each its own row of the merge

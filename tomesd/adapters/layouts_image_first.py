@@ -100,12 +100,18 @@ class ImageFirstGrid(PatchGrid):
     tokens (then a non-square latent's padding up to max_seq, then, in single blocks, the text)."""
 
     def image_tokens(self, call: Any, x: Any, index: int = 0) -> Any:
-        if call.coords is None:
-            call.coords = self._coords(call, x)
-        if call.band is not None and call.band.index is not None:
-            raise ValueError(f"{self.model} under context parallelism cannot be merged: its image tokens come first in "
-                             f"a sequence ToMe cannot band; run it on one process, or without ToMe")
-        return x[:, : self.xp.shape(call.coords[0])[0]]
+        return x[:, : image_count(self, call, x)]
+
+
+def image_count(layout: Any, call: Any, x: Any) -> int:
+    """How many tokens the image holds at the start of a block's input `x`, from the call's coordinates (settled
+    here at the first block); an image-first sequence is refused under context parallelism, which bands it."""
+    if call.coords is None:
+        call.coords = layout._coords(call, x)
+    if call.band is not None and call.band.index is not None:
+        raise ValueError(f"{layout.model} under context parallelism cannot be merged: its image tokens come first in "
+                         f"a sequence ToMe cannot band; run it on one process, or without ToMe")
+    return layout.xp.shape(call.coords[0])[0]
 
 
 def _image_first_grid(root: Any, kind: RootKind, xp: Any) -> Layout:
