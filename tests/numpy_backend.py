@@ -28,6 +28,14 @@ def _index(indices: np.ndarray, length: int = None) -> np.ndarray:
     return indices
 
 
+def _along(indices: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The contract's index tensor along an axis: int64, of x's rank (what gather / scatter take everywhere)."""
+    assert isinstance(indices, np.ndarray) and indices.dtype == np.int64 and indices.ndim == np.ndim(x), (
+        f"indices must be an int64 array of rank {np.ndim(x)}, got {getattr(indices, 'dtype', None)} of shape "
+        f"{getattr(indices, 'shape', None)}")
+    return indices
+
+
 def _identity(mode: str, dtype: np.dtype) -> Any:
     """The value a row that receives src rows starts from, so that only the src rows decide it."""
     if mode == "prod":
@@ -61,6 +69,21 @@ class NumpyBackend:
 
     def take(self, x: np.ndarray, indices: np.ndarray, axis: int) -> np.ndarray:
         return np.take(x, _index(indices), axis=axis)
+
+    def take_along(self, x: np.ndarray, indices: np.ndarray, axis: int) -> np.ndarray:
+        return np.take_along_axis(np.asarray(x), _along(indices, x), axis=axis)
+
+    def put_along(self, x: np.ndarray, indices: np.ndarray, axis: int) -> np.ndarray:
+        out = np.empty_like(np.asarray(x))
+        np.put_along_axis(out, _along(indices, x), x, axis=axis)
+        return out
+
+    def segment_mean(self, x: np.ndarray, segments: np.ndarray, count: int) -> np.ndarray:
+        segments = _index(segments, np.shape(x)[0])
+        total = np.zeros((count,) + np.shape(x)[1:], dtype=np.asarray(x).dtype)
+        np.add.at(total, segments, x)
+        counts = np.bincount(segments, minlength=count).astype(total.dtype)
+        return total / counts.reshape((count,) + (1,) * (total.ndim - 1))
 
     def scatter_add(self, target: np.ndarray, indices: np.ndarray, src: np.ndarray) -> np.ndarray:
         out = np.array(target, copy=True)

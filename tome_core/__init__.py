@@ -8,8 +8,8 @@ from . import rng
 from .token_merge import MERGE_MODES, TokenMerge
 from .matching import (
     Matching, bipartite_soft_matching_random2d, compute_coordinate_merges, compute_merge,
-    compute_merges, compute_shared_merge, compute_shared_merges, coordinate_partition, do_nothing, grid_partition,
-    num_cells,
+    compute_merges, compute_shared_merge, compute_shared_merges, coordinate_cells, coordinate_partition,
+    coordinate_partitions, do_nothing, grid_partition, grid_partitions, num_cells,
 )
 from .bands import band_coordinate_merges, band_range, banded_coordinate_merges, banded_grid_merges, join_bands
 from .downsample import KVDownsample, compute_downsample
@@ -43,11 +43,14 @@ __all__ = [
     "compute_merges",
     "compute_shared_merge",
     "compute_shared_merges",
+    "coordinate_cells",
     "coordinate_partition",
+    "coordinate_partitions",
     "do_nothing",
     "level_of",
     "get_backend",
     "grid_partition",
+    "grid_partitions",
     "num_cells",
     "plan_grid_block",
     "plan_level_block",

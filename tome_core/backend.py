@@ -37,6 +37,14 @@ class Backend(Protocol):
     def reshape(self, x: Array, shape: Sequence[int]) -> Array: ...
     def concat(self, xs: Sequence[Array], axis: int) -> Array: ...
     def take(self, x: Array, indices: Array, axis: int) -> Array: ...
+    def take_along(self, x: Array, indices: Array, axis: int) -> Array:
+        """x's values at `indices` (x's rank; any length along `axis`) along `axis` (the array API's take_along_axis)."""
+    def put_along(self, x: Array, indices: Array, axis: int) -> Array:
+        """The inverse of take_along for a permutation: an array like x whose values at `indices` along `axis` are
+        x's (out[..., indices[..., k]] = x[..., k]); `indices` is x's shape, a permutation along `axis`."""
+    def segment_mean(self, x: Array, segments: Array, count: int) -> Array:
+        """[count, C]: the mean of the rows of x [R, C] with each segment id (`segments` [R] int64 in [0, count),
+        every id present at least once)."""
     def scatter_add(self, target: Array, indices: Array, src: Array) -> Array:
         """Out-of-place `target[indices[i]] += src[i]` along axis 0 (the op the array API lacks)."""
     def scatter_reduce(self, target: Array, indices: Array, src: Array, mode: str) -> Array:

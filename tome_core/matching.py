@@ -4,7 +4,7 @@ descending similarity order, then every dst token in grid order.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple
 
 from . import rng
 from .backend import Backend, get_backend
@@ -26,23 +26,34 @@ def grid_partition(
     in ToMe for SD. Returns (order, position): `order` holds the src token ids, then the dst ones, each
     ascending; `position[t]` is the place of token t in `order`.
     """
+    order, position = grid_partitions(xp, like, w, h, sx, sy, None if offsets is None else xp.reshape(offsets, [1, -1]))
+    return order[0], position[0]
+
+
+def grid_partitions(
+    xp: Backend, like: Any, w: int, h: int, sx: int, sy: int, offsets: Optional[Any]
+) -> Tuple[Any, Any]:
+    """grid_partition for K patterns at once: `offsets` [K, cells] (None: one pattern, the top-left token of each
+    cell). Returns (order, position), [K, N] each: row k is grid_partition's for offsets[k]. A call draws every
+    block's pattern in one table, so its partitions cost a few launches per call, not per block."""
     hsy, wsx = h // sy, w // sx
     n, num_dst = h * w, hsy * wsx
     if offsets is None:
-        offsets = xp.zeros([num_dst], like, integer=True)
+        offsets = xp.zeros([1, num_dst], like, integer=True)
+    k = xp.shape(offsets)[0]
     # The dst place of each cell, compared with every in-cell place laid out as (dy, dx): a 0/1
-    # grid [hsy, sy, wsx, sx] in token order, built by a handful of kernels where per-token index
+    # grid [K, hsy, sy, wsx, sx] in token order, built by a handful of kernels where per-token index
     # arithmetic would take a dozen.
-    places = xp.reshape(xp.arange(sx * sy, like), [1, sy, 1, sx])
-    is_dst = xp.equal(xp.reshape(offsets, [hsy, 1, wsx, 1]), places)
+    places = xp.reshape(xp.arange(sx * sy, like), [1, 1, sy, 1, sx])
+    is_dst = xp.equal(xp.reshape(offsets, [k, hsy, 1, wsx, 1]), places)
     if hsy * sy < h or wsx * sx < w:
-        is_dst = xp.to_int64(xp.reshape(is_dst, [hsy * sy, wsx * sx]))
+        is_dst = xp.to_int64(xp.reshape(is_dst, [k, hsy * sy, wsx * sx]))
         if hsy * sy < h:
-            is_dst = xp.concat([is_dst, xp.zeros([h - hsy * sy, wsx * sx], like, integer=True)], 0)
+            is_dst = xp.concat([is_dst, xp.zeros([k, h - hsy * sy, wsx * sx], like, integer=True)], 1)
         if wsx * sx < w:
-            is_dst = xp.concat([is_dst, xp.zeros([h, w - wsx * sx], like, integer=True)], 1)
-    order = xp.argsort(xp.reshape(is_dst, [n]), 0, False)  # stable: src then dst, each ascending
-    position = xp.argsort(order, 0, False)  # the inverse permutation
+            is_dst = xp.concat([is_dst, xp.zeros([k, h, w - wsx * sx], like, integer=True)], 2)
+    order = xp.argsort(xp.reshape(is_dst, [k, n]), 1, False)  # stable: src then dst, each ascending
+    position = xp.argsort(order, 1, False)  # the inverse permutation
     return order, position
 
 
@@ -77,9 +88,12 @@ def compute_merge(
 
 
 def compute_merges(xp: Backend, metric: Any, w: int, h: int, sx: int, sy: int, rs: Sequence[int],
-                   offsets: Optional[Any] = None) -> Optional[Dict[int, TokenMerge]]:
+                   offsets: Optional[Any] = None, partition: Optional[Tuple[Any, Any]] = None,
+                   memo: Optional[Dict[Any, Any]] = None) -> Optional[Dict[int, TokenMerge]]:
     """compute_merge for several r at once, from one matching: {r: merge} (None when nothing merges).
-    Each merge equals compute_merge's for its r."""
+    Each merge equals compute_merge's for its r. `partition`: (order, position) of this grid and pattern, computed
+    beforehand (grid_partitions: a call's every block at once), in place of `offsets`; `memo`: a dict keeping the
+    index constants of each shape (Matching) across blocks and calls."""
     b, n, _ = xp.shape(metric)
     if max(rs) <= 0:
         return None
@@ -88,38 +102,61 @@ def compute_merges(xp: Backend, metric: Any, w: int, h: int, sx: int, sy: int, r
     if h // sy == 0 or w // sx == 0:
         return None
     with xp.no_grad():
-        order, position = grid_partition(xp, metric, w, h, sx, sy, offsets)
-        matching = Matching(xp, metric, order, position, num_cells(w, h, sx, sy))
+        order, position = partition if partition is not None else grid_partition(xp, metric, w, h, sx, sy, offsets)
+        matching = Matching(xp, metric, order, position, (h // sy) * (w // sx), memo)
+        if len(rs) == 1:
+            return {rs[0]: matching.merge(rs[0])}
         return {r: matching.merge(r) for r in sorted(set(rs)) if r > 0}
 
 
 class Matching:
     """The bipartite matching of a partition (order: src token ids, then dst ones; position: its inverse):
     each src token's best dst and its place in the most-similar-first order. Merging r tokens takes the
-    first r edges of that order, so one matching serves every r (per-site ratios share it)."""
+    first r edges of that order, so one matching serves every r (per-site ratios share it).
 
-    def __init__(self, xp: Backend, metric: Any, order: Any, position: Any, num_dst: int):
+    Six kernels match and six more build a merge's index map; what depends only on the shapes (each sample's
+    row offsets, the unmerged and dst rows' numbers) comes from `memo`, a dict the caller keeps across blocks
+    and calls (None: built here)."""
+
+    def __init__(self, xp: Backend, metric: Any, order: Any, position: Any, num_dst: int,
+                 memo: Optional[Dict[Any, Any]] = None):
         b, n, _ = xp.shape(metric)
         self.xp, self.b, self.n, self.num_dst, self.num_src = xp, b, n, num_dst, n - num_dst
-        self.order, self.position, self.like = order, position, metric
+        self.order, self.position, self.like, self.memo = order, position, metric, memo
         unit = xp.take(xp.l2_normalize(metric, -1), order, 1)  # src tokens, then dst tokens
         scores = xp.matmul_transposed(unit[:, :self.num_src], unit[:, self.num_src:])
         node_max, self.node_idx = xp.max_with_indices(scores, -1)  # best dst for each src
         self.edge_order = xp.argsort(node_max, -1, True)  # src positions, most similar first
-        self.rank = xp.argsort(self.edge_order, -1, False)  # each src's place in that order
+
+    def _rows(self, r: int) -> Tuple[Any, Any, Any]:
+        """For merging r: each sample's first merged row plus the unmerged count [B, 1], the unmerged src tokens'
+        rows [B, S - r] and the dst tokens' [B, D], each offset by its sample's first row in the flat merged
+        batch."""
+        key = ("rows", self.xp.name, getattr(self.like, "device", None), self.b, self.n, self.num_dst, r)
+        memo = {} if self.memo is None else self.memo
+        rows = memo.get(key)
+        if rows is None:
+            xp, b, num_dst = self.xp, self.b, self.num_dst
+            m, num_unm = self.n - r, self.num_src - r
+            first = xp.reshape(xp.arange(b * m, self.like, step=m), [b, 1])
+            rows = (first + num_unm,
+                    xp.reshape(xp.arange(num_unm, self.like), [1, num_unm]) + first,
+                    xp.reshape(xp.arange(num_dst, self.like), [1, num_dst]) + (first + num_unm))
+            memo[key] = rows
+        return rows
 
     def merge(self, r: int) -> TokenMerge:
-        """The merge of the r most similar src tokens into their dst (r is capped at the src count)."""
-        xp, b, n, num_dst = self.xp, self.b, self.n, self.num_dst
+        """The merge of the r most similar src tokens into their dst (r is capped at the src count). Merged rows:
+        the unmerged src tokens in similarity order, then every dst token in partition order."""
+        xp, b, n = self.xp, self.b, self.n
         r = min(r, self.num_src)
-        num_unm = self.num_src - r
-        src_rows = xp.where(self.rank < r, self.node_idx + num_unm, self.rank - r)
-        dst_rows = xp.broadcast_to(xp.reshape(xp.arange(num_dst, self.like) + num_unm, [1, num_dst]), [b, num_dst])
-        rows = xp.take(xp.concat([src_rows, dst_rows], 1), self.position, 1)  # [B, N]
-        m = n - r
-        flat_rows = xp.reshape(rows + xp.reshape(xp.arange(b * m, self.like, step=m), [b, 1]), [b * n])
-        inv_counts = xp.reshape(1.0 / xp.counts(flat_rows, b * m), [b, m, 1])
-        return TokenMerge(xp, flat_rows, inv_counts, b, n, m, rows=flat_rows if b == 1 else None)
+        first, unmerged, dst = self._rows(r)
+        # Rows in similarity order: the first r src go to their dst's row, the rest to rows 0..S-r-1 in turn; the
+        # inverse of edge_order puts them back in src order, and position in token order.
+        merged = xp.take_along(self.node_idx, self.edge_order[:, :r], 1) + first
+        src_rows = xp.put_along(xp.concat([merged, unmerged], 1), self.edge_order, 1)
+        flat_rows = xp.reshape(xp.take(xp.concat([src_rows, dst], 1), self.position, 1), [b * n])
+        return TokenMerge(xp, flat_rows, None, b, n, n - r, rows=flat_rows if b == 1 else None)
 
     def represented_merge(self, r: int) -> TokenMerge:
         """The merge of r tokens with each sample's representatives ([B, M]): the token each merged row
@@ -165,13 +202,31 @@ def coordinate_partition(xp: Backend, coords: Sequence[Any], strides: Sequence[i
     `band`: (start, stop), the partition of tokens [start, stop) alone, cut from the whole grid's (bands.py):
     cells and dst places are the whole grid's, token ids in `order` count from `start`.
     """
+    cells = coordinate_cells(xp, coords, strides)
+    order, position, num_dst = coordinate_partitions(
+        xp, cells, None if offsets is None else xp.reshape(offsets, [1, -1]), band)
+    return order[0], position[0], num_dst
+
+
+class Cells(NamedTuple):
+    """Each token's cell on a coordinate grid (coordinate_cells): what a call's partitions share."""
+
+    cell: Any  # [N] the token's cell, row-major over the complete cells
+    place: Any  # [N] its place in the cell, row-major
+    in_cell: Any  # [N] 1 where the token lies in a complete cell, else 0
+    num_dst: int  # N // the cell's volume
+    volume: int  # the tokens a cell spans (the strides' product)
+
+
+def coordinate_cells(xp: Backend, coords: Sequence[Any], strides: Sequence[int]) -> Cells:
+    """Each token's cell and place in it, for coordinate_partitions (see coordinate_partition): depends on the
+    coordinates alone, so a call computes it once for all its blocks."""
     if len(coords) != len(strides) or not coords:
         raise ValueError(f"one stride per coordinate axis: got {len(coords)} axes and strides {tuple(strides)}")
     n = xp.shape(coords[0])[0]
     volume = 1
     for stride in strides:
         volume *= stride
-    num_dst = n // volume
     cell = place = in_cell = None
     for axis, stride in zip(coords, strides):
         axis = axis + xp.max_with_indices(-axis, 0)[0]  # from 0, wherever the ids start
@@ -180,17 +235,25 @@ def coordinate_partition(xp: Backend, coords: Sequence[Any], strides: Sequence[i
         in_cell = inside_axis if in_cell is None else in_cell * inside_axis
         cell = axis // stride if cell is None else cell * cells + axis // stride
         place = axis % stride if place is None else place * stride + axis % stride
+    return Cells(cell, place, in_cell, n // volume, volume)
+
+
+def coordinate_partitions(xp: Backend, cells: Cells, offsets: Optional[Any], band: Optional[Tuple[int, int]] = None
+                          ) -> Tuple[Any, Any, int]:
+    """coordinate_partition for K patterns at once: `offsets` [K, cells] (None: one pattern, each cell's first
+    token). Returns (order, position) [K, n] (n: the band's tokens, or all) and the dst count."""
+    n, num_dst = xp.shape(cells.cell)[0], cells.num_dst
     if offsets is None:
-        wanted = xp.zeros([n], coords[0], integer=True)
+        is_dst = xp.reshape(cells.in_cell * xp.to_int64(xp.equal(cells.place, cells.place * 0)), [1, n])
     else:  # cells beyond the table (ids that do not fill a box) read cell 0 rather than out of range
-        inside = xp.to_int64(cell < num_dst) * in_cell
-        wanted = xp.take(offsets, xp.where(inside > 0, cell, xp.zeros([n], coords[0], integer=True)), 0)
-    is_dst = in_cell * xp.to_int64(xp.equal(place, wanted))
+        inside = xp.to_int64(cells.cell < num_dst) * cells.in_cell
+        wanted = xp.take(offsets, xp.where(inside > 0, cells.cell, cells.cell * 0), 1)  # [K, N]
+        is_dst = cells.in_cell * xp.to_int64(xp.equal(cells.place, wanted))
     if band is not None:
-        is_dst = is_dst[band[0]:band[1]]
-        num_dst = (band[1] - band[0]) // volume
-    order = xp.argsort(is_dst, 0, False)  # stable: src then dst, each in token order
-    position = xp.argsort(order, 0, False)
+        is_dst = is_dst[:, band[0]:band[1]]
+        num_dst = (band[1] - band[0]) // cells.volume
+    order = xp.argsort(is_dst, 1, False)  # stable: src then dst, each in token order
+    position = xp.argsort(order, 1, False)
     return order, position, num_dst
 
 
@@ -221,13 +284,16 @@ def compute_shared_merges(xp: Backend, metric: Any, coords: Sequence[Any], strid
 
 def compute_coordinate_merges(xp: Backend, metric: Any, coords: Sequence[Any], strides: Sequence[int],
                               rs: Sequence[int], offsets: Optional[Any] = None, band: Optional[Tuple[int, int]] = None,
-                              per_sample: bool = True) -> Optional[Dict[int, TokenMerge]]:
+                              per_sample: bool = True, partition: Optional[Tuple[Any, Any, int]] = None,
+                              memo: Optional[Dict[Any, Any]] = None) -> Optional[Dict[int, TokenMerge]]:
     """{r: merge} of `metric` [B, N, C] on tokens at grid coordinates `coords` with cells of `strides`
     (coordinate_partition), from one matching (None when nothing merges); each merge has representatives.
 
     `per_sample`: each sample matched on its own, as compute_merges does on a grid (representatives [B, M]:
     per-token tables gain a batch axis); else one matching for the batch (compute_shared_merge: representatives
-    [M], for tables that cannot take a batch axis). `band`: `metric` holds tokens [start, stop) of the grid."""
+    [M], for tables that cannot take a batch axis). `band`: `metric` holds tokens [start, stop) of the grid.
+    `partition`: (order, position, num_dst) computed beforehand (coordinate_partitions), in place of `offsets`;
+    `memo`: as compute_merges'."""
     b, n, c = xp.shape(metric)
     volume = 1
     for stride in strides:
@@ -235,18 +301,20 @@ def compute_coordinate_merges(xp: Backend, metric: Any, coords: Sequence[Any], s
     if max(rs) <= 0 or n // volume == 0:
         return None
     with xp.no_grad():
-        order, position, num_dst = coordinate_partition(xp, coords, strides, offsets, band=band)
+        if partition is None:
+            partition = coordinate_partition(xp, coords, strides, offsets, band=band)
+        order, position, num_dst = partition
         if per_sample or b == 1:  # a batch of one is matched on its own metric either way
-            matching = Matching(xp, metric, order, position, num_dst)
+            matching = Matching(xp, metric, order, position, num_dst, memo)
             merges = {r: matching.represented_merge(r) for r in sorted(set(rs)) if r > 0}
             if not per_sample:
                 for merge in merges.values():
                     merge.representatives = merge.representatives[0]
             return merges
         # The sum over the batch of each token's unit metric (its direction is the mean's): one scatter-add.
-        token_of = xp.arange(b * n, coords[0]) % n
+        token_of = xp.arange(b * n, metric) % n
         summed = xp.scatter_add(xp.zeros([n, c], metric), token_of, xp.reshape(xp.l2_normalize(metric, -1), [b * n, c]))
-        matching = Matching(xp, xp.reshape(summed, [1, n, c]), order, position, num_dst)
+        matching = Matching(xp, xp.reshape(summed, [1, n, c]), order, position, num_dst, memo)
         return {r: matching.shared_merge(r, b) for r in sorted(set(rs)) if r > 0}
 
 

@@ -23,64 +23,83 @@ class TokenMerge:
                  rows: Any = None, representatives: Any = None):
         self._xp = xp
         self._flat_rows = flat_rows  # [B*N] row of the flattened merged tensor for each token
-        self._inv_counts = inv_counts  # [B, M, 1] float32, 1 / tokens in each merged row
+        # [B, M, 1] float32, 1 / tokens in each merged row; None: counted from the rows when first asked for (a mean
+        # merge needs no counts: proportional attention and token restoring ask)
+        self._inv_counts = inv_counts
         self.batch, self.num_tokens, self.num_merged = batch, n, m
         self._rows = rows  # [N] merged row of each token, when one map serves the whole batch
         # For each merged row, the token that stands for it (see compute_coordinate_merges): [M] when one map
         # serves the batch, [B, M] when each sample has its own.
         self.representatives = representatives
 
-    def _check(self, x: Any, expected: int, what: str) -> Tuple[int, int, int]:
-        b, n, c = self._xp.shape(x)
-        if b != self.batch or n != expected:
-            raise ValueError(
-                f"{what} expects [{self.batch}, {expected}, C] tokens, got {list(self._xp.shape(x))}"
-            )
-        return b, n, c
+    def _wrong(self, x: Any, expected: int, what: str) -> ValueError:
+        return ValueError(f"{what} expects [{self.batch}, {expected}, C] tokens, got {list(self._xp.shape(x))}")
 
     def merge(self, x: Any, mode: str = "mean") -> Any:
         """Each merged row reduces its tokens (a dst and the src merged into it) with `mode`."""
-        xp = self._xp
         if mode not in MERGE_MODES:
             raise ValueError(f"merge mode must be one of {MERGE_MODES}, got {mode!r}")
-        b, n, c = self._check(x, self.num_tokens, "merge")
-        flat = xp.reshape(x, [b * n, c])
-        target = xp.zeros([b * self.num_merged, c], x)
-        if mode in ("mean", "sum"):
-            out = xp.reshape(xp.scatter_add(target, self._flat_rows, flat), [b, self.num_merged, c])
-            return out if mode == "sum" else out * xp.astype_like(self._inv_counts, x)
-        return xp.reshape(xp.scatter_reduce(target, self._flat_rows, flat, mode), [b, self.num_merged, c])
+        b, n, c = self._xp.shape(x)
+        if b != self.batch or n != self.num_tokens:
+            raise self._wrong(x, self.num_tokens, "merge")
+        return self._merged(x, c, mode)
+
+    def _merged(self, x: Any, c: int, mode: str = "mean") -> Any:
+        """merge of `x` [B, N, C] (its shape checked by the caller)."""
+        xp, b, m = self._xp, self.batch, self.num_merged
+        flat = xp.reshape(x, [b * self.num_tokens, c])
+        if mode == "mean":  # one kernel: no zeros to fill, no counts, no product
+            return xp.reshape(xp.segment_mean(flat, self._flat_rows, b * m), [b, m, c])
+        target = xp.zeros([b * m, c], x)
+        if mode == "sum":
+            return xp.reshape(xp.scatter_add(target, self._flat_rows, flat), [b, m, c])
+        return xp.reshape(xp.scatter_reduce(target, self._flat_rows, flat, mode), [b, m, c])
 
     def unmerge(self, x: Any) -> Any:
-        xp = self._xp
-        b, m, c = self._check(x, self.num_merged, "unmerge")
-        return xp.reshape(xp.take(xp.reshape(x, [b * m, c]), self._flat_rows, 0), [b, self.num_tokens, c])
+        b, m, c = self._xp.shape(x)
+        if b != self.batch or m != self.num_merged:
+            raise self._wrong(x, self.num_merged, "unmerge")
+        return self._unmerged(x, c)
+
+    def _unmerged(self, x: Any, c: int) -> Any:
+        xp, b = self._xp, self.batch
+        return xp.reshape(xp.take(xp.reshape(x, [b * self.num_merged, c]), self._flat_rows, 0), [b, self.num_tokens, c])
 
     # A sequence [B, S, C] whose last N tokens are the image (text in front, as in Flux's single blocks):
     # the image segment merges and unmerges, the tokens in front pass as they are.
     def merge_tail(self, x: Any) -> Any:
-        s = self._xp.shape(x)[1]
-        if s == self.num_tokens:
-            return self.merge(x)
-        return self._xp.concat([x[:, : s - self.num_tokens], self.merge(x[:, s - self.num_tokens:])], 1)
+        b, s, c = self._xp.shape(x)
+        if s == self.num_tokens and b == self.batch:
+            return self._merged(x, c)
+        if b != self.batch or s < self.num_tokens:
+            raise self._wrong(x, self.num_tokens, "merge")
+        return self._xp.concat([x[:, : s - self.num_tokens], self._merged(x[:, s - self.num_tokens:], c)], 1)
 
     def unmerge_tail(self, x: Any) -> Any:
-        s = self._xp.shape(x)[1]
-        if s == self.num_merged:
-            return self.unmerge(x)
-        return self._xp.concat([x[:, : s - self.num_merged], self.unmerge(x[:, s - self.num_merged:])], 1)
+        b, s, c = self._xp.shape(x)
+        if s == self.num_merged and b == self.batch:
+            return self._unmerged(x, c)
+        if b != self.batch or s < self.num_merged:
+            raise self._wrong(x, self.num_merged, "unmerge")
+        return self._xp.concat([x[:, : s - self.num_merged], self._unmerged(x[:, s - self.num_merged:], c)], 1)
 
     # A sequence [B, S, C] whose first N tokens are the image (text after it, as in HunyuanVideo's single blocks):
     # the image segment merges and unmerges, the tokens after it pass as they are.
     def merge_head(self, x: Any) -> Any:
-        if self._xp.shape(x)[1] == self.num_tokens:
-            return self.merge(x)
-        return self._xp.concat([self.merge(x[:, : self.num_tokens]), x[:, self.num_tokens:]], 1)
+        b, s, c = self._xp.shape(x)
+        if s == self.num_tokens and b == self.batch:
+            return self._merged(x, c)
+        if b != self.batch or s < self.num_tokens:
+            raise self._wrong(x, self.num_tokens, "merge")
+        return self._xp.concat([self._merged(x[:, : self.num_tokens], c), x[:, self.num_tokens:]], 1)
 
     def unmerge_head(self, x: Any) -> Any:
-        if self._xp.shape(x)[1] == self.num_merged:
-            return self.unmerge(x)
-        return self._xp.concat([self.unmerge(x[:, : self.num_merged]), x[:, self.num_merged:]], 1)
+        b, s, c = self._xp.shape(x)
+        if s == self.num_merged and b == self.batch:
+            return self._unmerged(x, c)
+        if b != self.batch or s < self.num_merged:
+            raise self._wrong(x, self.num_merged, "unmerge")
+        return self._xp.concat([self._unmerged(x[:, : self.num_merged], c), x[:, self.num_merged:]], 1)
 
     def spread(self, x: Any, tail: bool = False, head: bool = False) -> Any:
         """Each token's difference to its merged row's mean: x - unmerge(merge(x)) (zero for tokens alone in their
@@ -148,6 +167,9 @@ class TokenMerge:
     @property
     def inv_counts(self) -> Any:
         """[B, M, 1]: 1 / the tokens in each merged row."""
+        if self._inv_counts is None:
+            xp, b, m = self._xp, self.batch, self.num_merged
+            self._inv_counts = xp.reshape(1.0 / xp.counts(self._flat_rows, b * m), [b, m, 1])
         return self._inv_counts
 
     @property
@@ -171,15 +193,13 @@ class TokenMerge:
         own = xp.arange(tail, self._flat_rows) + m  # the tail's rows within a sample
         rows = xp.concat([self.sample_rows(), xp.broadcast_to(xp.reshape(own, [1, tail]), [b, tail])], 1)
         flat_rows = xp.reshape(rows + xp.reshape(xp.arange(b * m2, rows, step=m2), [b, 1]), [b * n2])
-        ones = xp.zeros([b, tail, 1], self._inv_counts) + 1
-        inv_counts = xp.concat([xp.broadcast_to(self._inv_counts, [b, m, 1]), ones], 1)
         shared = None if self._rows is None else xp.concat([self._rows, own], 0)
         reps, tail_reps = self.representatives, xp.arange(tail, self._flat_rows) + n
         if reps is not None and len(xp.shape(reps)) == 2:
             reps = xp.concat([reps, xp.broadcast_to(xp.reshape(tail_reps, [1, tail]), [b, tail])], 1)
         elif reps is not None:
             reps = xp.concat([reps, tail_reps], 0)
-        return TokenMerge(xp, flat_rows, inv_counts, b, n2, m2, shared, reps)
+        return TokenMerge(xp, flat_rows, None, b, n2, m2, shared, reps)
 
     def with_passing_head(self, head: int) -> "TokenMerge":
         """This merge over N tokens preceded by `head` tokens that pass whole, each its own merged row before the M
@@ -191,15 +211,13 @@ class TokenMerge:
         own = xp.arange(head, self._flat_rows)  # the head's rows within a sample, first
         rows = xp.concat([xp.broadcast_to(xp.reshape(own, [1, head]), [b, head]), self.sample_rows() + head], 1)
         flat_rows = xp.reshape(rows + xp.reshape(xp.arange(b * m2, rows, step=m2), [b, 1]), [b * n2])
-        ones = xp.zeros([b, head, 1], self._inv_counts) + 1
-        inv_counts = xp.concat([ones, xp.broadcast_to(self._inv_counts, [b, m, 1])], 1)
         shared = None if self._rows is None else xp.concat([own, self._rows + head], 0)
         reps = self.representatives
         if reps is not None and len(xp.shape(reps)) == 2:
             reps = xp.concat([xp.broadcast_to(xp.reshape(own, [1, head]), [b, head]), reps + head], 1)
         elif reps is not None:
             reps = xp.concat([own, reps + head], 0)
-        return TokenMerge(xp, flat_rows, inv_counts, b, n2, m2, shared, reps)
+        return TokenMerge(xp, flat_rows, None, b, n2, m2, shared, reps)
 
     def placed(self, starts: Any, total: int) -> "TokenMerge":
         """This merge over N image tokens placed in a sequence of `total` tokens whose image starts at `starts`
@@ -224,17 +242,13 @@ class TokenMerge:
         image = xp.reshape(image, [b, total]) + starts
         rows = xp.where(rel < 0, at + rel * 0, xp.where(rel < n, image, at - r))
         flat_rows = xp.reshape(rows + sample * kept, [b * total])
-        at, rel, flat = inside(kept, m)
-        counts = xp.take(xp.reshape(xp.broadcast_to(self._inv_counts, [b, m, 1]), [b * m, 1]),
-                         xp.reshape(flat, [b * kept]), 0)
-        within = xp.reshape((rel >= 0) & (rel < m), [b, kept, 1])
-        inv_counts = xp.where(within, xp.reshape(counts, [b, kept, 1]), xp.zeros([b, kept, 1], counts) + 1)
         reps = None
         if self.representatives is not None:
+            at, rel, flat = inside(kept, m)
             own = xp.reshape(xp.broadcast_to(self.representatives, [b, m]), [b * m])
             reps = xp.reshape(xp.take(own, xp.reshape(flat, [b * kept]), 0), [b, kept]) + starts
             reps = xp.where(rel < 0, at + rel * 0, xp.where(rel < m, reps, at + r))
-        return TokenMerge(xp, flat_rows, inv_counts, b, total, kept, None, reps)
+        return TokenMerge(xp, flat_rows, None, b, total, kept, None, reps)
 
     def for_batch(self, batch: int) -> "TokenMerge":
         """This merge (computed for one map) applied to every sample of a batch of `batch`."""
@@ -243,5 +257,5 @@ class TokenMerge:
             raise ValueError("only a merge computed for the whole batch (compute_shared_merge) can be broadcast")
         offsets = xp.reshape(xp.arange(batch * m, self._rows, step=m), [batch, 1])
         flat_rows = xp.reshape(xp.reshape(self._rows, [1, n]) + offsets, [batch * n])
-        inv_counts = xp.broadcast_to(self._inv_counts, [batch, m, 1])
+        inv_counts = None if self._inv_counts is None else xp.broadcast_to(self._inv_counts, [batch, m, 1])
         return TokenMerge(xp, flat_rows, inv_counts, batch, n, m, self._rows, self.representatives)

@@ -20,6 +20,7 @@ COVERED = {
     "no_grad", "shape", "arange", "zeros", "reshape", "concat", "take", "scatter_add", "scatter_reduce",
     "argsort", "max_with_indices", "matmul_transposed", "l2_normalize", "counts", "equal", "broadcast_to",
     "where", "bitwise_xor", "floor", "to_int64", "astype_like", "to_float32", "randint_from",
+    "take_along", "put_along", "segment_mean",
 }
 
 
@@ -61,6 +62,29 @@ def test_creation_shape_and_layout(fw):
     assert as_np(fw, wide).tolist() == [[[1.0] * 4, [2.0] * 4]] * 3
     with xp.no_grad():  # a context manager on every backend
         assert xp.shape(xp.reshape(like, [24])) == (24,)
+
+
+def test_take_along_and_its_inverse_put_along(fw):
+    xp = fw.xp
+    x = np.array([[10.0, 20.0, 30.0, 40.0], [1.0, 2.0, 3.0, 4.0]])
+    perm = np.array([[2, 0, 3, 1], [3, 2, 1, 0]], dtype=np.int64)
+    taken = as_np(fw, xp.take_along(fw.tensor(x), fw.tensor(perm[:, :2]), 1), F64)
+    assert taken.tolist() == [[30.0, 10.0], [4.0, 3.0]]  # fewer indices than the axis holds
+    put = as_np(fw, xp.put_along(fw.tensor(x), fw.tensor(perm), 1), F64)
+    assert put.tolist() == [[20.0, 40.0, 10.0, 30.0], [4.0, 3.0, 2.0, 1.0]]  # out[perm[k]] = x[k]
+    back = as_np(fw, xp.take_along(xp.put_along(fw.tensor(x), fw.tensor(perm), 1), fw.tensor(perm), 1), F64)
+    assert back.tolist() == x.tolist()
+    rows = np.array([[5, 6, 7, 8], [1, 2, 3, 4]], dtype=np.int64)
+    ints = as_np(fw, xp.put_along(fw.tensor(rows), fw.tensor(perm), 1), np.int64)
+    assert ints.tolist() == [[6, 8, 5, 7], [4, 3, 2, 1]]  # integer rows too (the merge's row numbers)
+
+
+def test_segment_mean_averages_the_rows_of_each_segment(fw):
+    xp = fw.xp
+    src = np.array([[1.0, 10.0], [2.0, 20.0], [4.0, 40.0], [8.0, 80.0], [16.0, 160.0]])
+    segments = np.array([0, 2, 0, 1, 0], dtype=np.int64)
+    out = as_np(fw, xp.segment_mean(fw.tensor(src), fw.tensor(segments), 3), F64)
+    assert np.allclose(out, [[7.0, 70.0], [8.0, 80.0], [2.0, 20.0]], rtol=1e-12, atol=0)
 
 
 def test_scatter_add_accumulates_repeated_indices_out_of_place(fw):

@@ -268,17 +268,18 @@ def test_seed_selects_the_pattern(bases, name):
 
 def test_random_pattern_changes_with_the_timestep(bases, monkeypatch):
     """The dst offsets drawn per merging block differ between t=10 and t=20, and repeat exactly for the
-    same t; with use_rand=False no offsets are drawn."""
-    import tome_core.matching as matching
+    same t; with use_rand=False no offsets are drawn. A call draws every block's pattern at once (one row a block)
+    and partitions them in one go, at its first block on each grid."""
+    import tomesd.adapters.matcher as matcher
 
     calls = []
-    original = matching.grid_partition
+    original = matcher.grid_partitions
 
     def recording(xp, metric, w, h, sx, sy, offsets=None):
         calls.append(None if offsets is None else offsets.detach().clone())
         return original(xp, metric, w, h, sx, sy, offsets)
 
-    monkeypatch.setattr(matching, "grid_partition", recording)
+    monkeypatch.setattr(matcher, "grid_partitions", recording)
     model = fresh(bases, "sd1")
 
     def offsets_at(t):
@@ -291,8 +292,9 @@ def test_random_pattern_changes_with_the_timestep(bases, monkeypatch):
     assert len(at10) == len(at20) == len(again10)
     assert all(torch.equal(a, b) for a, b in zip(at10, again10))
     assert all(not torch.equal(a, b) for a, b in zip(at10, at20))
-    # and the pattern differs between blocks of one call
-    assert len(at10) > 1 and not all(torch.equal(at10[0], o) for o in at10[1:])
+    # and the pattern differs between blocks of one call (a row per block)
+    table = at10[0]
+    assert table.shape[0] > 1 and not all(torch.equal(table[0], row) for row in table[1:])
     calls.clear()
     assert_merges(fresh(bases, "sd1", use_rand=False), bases["sd1"])
     assert calls and all(c is None for c in calls)

@@ -20,7 +20,8 @@ class CallState:
     """What one call of a root computes; dropped when the call returns."""
 
     __slots__ = ("grid", "coords", "ids", "tail", "head", "timestep", "key", "draws", "finest_level", "merges",
-                 "pending", "shared", "step", "ratio", "watch", "band", "restore", "restoring", "unified")
+                 "pending", "shared", "step", "ratio", "watch", "band", "restore", "restoring", "unified", "partitions",
+                 "memo", "idle")
 
     def __init__(self) -> None:
         # The layout's reading of this call's token grid, from shapes only (layouts.py): the latent's
@@ -38,6 +39,14 @@ class CallState:
         self.timestep: Any = None
         self.key: Any = None  # computed at the call's first random draw, inside the forward
         self.draws: Dict[int, Any] = {}  # cells per block -> [blocks, cells] dst places
+        # Every block's partition of a grid (or of the coordinates), made at the call's first block on it
+        self.partitions: Dict[Any, Any] = {}
+        # Index constants by shape (tome_core's Matching): the patch's own dict in eager mode, kept across calls;
+        # a fresh one while a graph compiler traces (a traced tensor must not outlive its trace)
+        self.memo: Dict[Any, Any] = {}
+        # Blocks the layout found at a level ToMe never merges (the UNets' level rule): their hooks come off
+        # after the call (ToMePatch.park)
+        self.idle: List[int] = []
         self.finest_level: Optional[int] = None  # UNets: level of the call's first attention block
         self.merges: Dict[int, BlockMerge] = {}
         self.pending: Dict[int, Tuple[Any, Any, bool]] = {}  # block -> (block, its input, grad mode), until used
@@ -72,14 +81,15 @@ class CallStacks:
 
     def __init__(self, host: Any) -> None:
         self.host = host
+        self._compiling = host.is_compiling  # the per-call path's one question to the host
         self._threads = _ThreadCalls()
         self._traced: List[CallState] = []
 
     def current(self) -> List[CallState]:
-        return self._traced if self.host.is_compiling() else self._threads.stack
+        return self._traced if self._compiling() else self._threads.stack
 
     def top(self) -> Optional[CallState]:
-        stack = self.current()
+        stack = self._traced if self._compiling() else self._threads.stack
         return stack[-1] if stack else None
 
 

@@ -24,7 +24,8 @@ class DownsampleContext(SiteHook):
         self.tokens, self.context, self.mask = tokens, context, mask
 
     def pre(self, module: Any, args: tuple, kwargs: dict) -> Any:
-        down = self.patch.current_merge(self.index, self.tokens.get(args, kwargs))
+        call = self.patch.calls.top()
+        down = self.patch.block_merge(call, self.index, self.tokens.get(args, kwargs))
         if down is None:
             return None
         if self.context is None or self.context.get(args, kwargs) is not None:
@@ -34,11 +35,10 @@ class DownsampleContext(SiteHook):
         if self.mask.get(args, kwargs) is not None:
             raise ValueError(MASKED_DOWNSAMPLE)
         x = self.tokens.get(args, kwargs)
-        small = self._timed("downsample", down, x)
-        self._record("downsample", x, small)
+        small = self._timed(call, "downsample", down, x)
+        self._record(call, "downsample", x, small)
         if self.patch.key_seam is not None:  # armed inside the attention's own forward (CheckWeighed.pre), where
-            call = self.patch.calls.top()     # a step cache that skips the attention skips the arming too
-            if call is not None:
+            if call is not None:              # a step cache that skips the attention skips the arming too
                 call.shared[("weigh", self.index)] = down
         return self.context.replace(args, kwargs, small)
 
@@ -51,7 +51,8 @@ class DownsampleProjection(SiteHook):
         self.attention, self.name, self.image_keys_first = attention, name, image_keys_first
 
     def pre(self, module: Any, args: tuple, kwargs: dict) -> Any:
-        down = self.patch.current_merge(self.index, args[0] if args else kwargs.get("input"))
+        call = self.patch.calls.top()
+        down = self.patch.block_merge(call, self.index, args[0] if args else kwargs.get("input"))
         if down is None:
             return None
         if getattr(self.attention, self.name) is not module:
@@ -65,15 +66,14 @@ class DownsampleProjection(SiteHook):
         x = args[0] if args else kwargs["input"]
         # to_k and to_v project the same tensor: downsample it once. One slot per call, overwritten by
         # the next attention, so no block's input outlives its attention.
-        call = self.patch.calls.top()
         last = call.shared.get("projected") if call is not None else None
         if last is not None and last[0] is x:
             small = last[1]
         else:
-            small = self._timed("downsample", down, x)
+            small = self._timed(call, "downsample", down, x)
             if call is not None:
                 call.shared["projected"] = (x, small)
-            self._record("downsample", x, small)  # once per attention: to_v reuses to_k's
+            self._record(call, "downsample", x, small)  # once per attention: to_v reuses to_k's
             weigh_downsampled(self.patch, down, self.image_keys_first)
         return ((small,) + args[1:], kwargs) if args else (args, {**kwargs, "input": small})
 
@@ -88,8 +88,8 @@ class DownsampleDispatch(SiteHook):
         self.attention, self.tokens = attention, tokens
 
     def pre(self, module: Any, args: tuple, kwargs: dict) -> None:
-        down = self.patch.current_merge(self.index, self.tokens.get(args, kwargs))
         call = self.patch.calls.top()
+        down = self.patch.block_merge(call, self.index, self.tokens.get(args, kwargs))
         kept = None if call is None or call.restore is None else call.restoring.get(self.index)
         if kept is not None:  # restore_tokens: at the dispatch, where only the attention itself runs twice
             self.patch.seam.arm(DispatchRestore(self, kept[1], restore._key(self, module, 0, call.restore.ordinal),
@@ -121,13 +121,16 @@ class DownsampleDispatch(SiteHook):
             raise ValueError(
                 f"mode='downsample' expected {name}'s keys and values to end with the {n} image tokens "
                 f"[B, S, heads, dim], got {list(shape(key))} and {list(shape(value))}; use mode='merge'")
-        small_key = self._timed("downsample", _shrink_tail, self.patch.xp, down, key, n)
+        call = self.patch.calls.top()
+        small_key = self._timed(call, "downsample", _shrink_tail, self.patch.xp, down, key, n)
         text = shape(key)[1] - n
-        self._record("downsample", key[:, text:], small_key[:, text:])
+        if call is not None and call.watch is not None:
+            self._record(call, "downsample", key[:, text:], small_key[:, text:])
         if self.patch.seam.observers and not self.patch.host.is_compiling():
             for observe in self.patch.seam.observers:
                 observe(n, down.num_kept)
-        return {**kwargs, "key": small_key, "value": self._timed("downsample", _shrink_tail, self.patch.xp, down, value, n)}
+        return {**kwargs, "key": small_key,
+                "value": self._timed(call, "downsample", _shrink_tail, self.patch.xp, down, value, n)}
 
 
 class DispatchRestore:

@@ -27,15 +27,17 @@ def _owner(hook: Any) -> Any:
     return getattr(getattr(hook, "func", hook), "__self__", None)  # paddle's LayerHook keeps the method as func
 
 
-def remove_owned_hooks(host: Any, module: Any, owner: Any) -> None:
-    """Remove from `module` every hook that belongs to `owner`: a patch, or one hook object of it."""
+def remove_owned_hooks(host: Any, module: Any, owner: Any, owns: Any = None) -> None:
+    """Remove from `module` every hook that belongs to `owner`: a patch, or one hook object of it (or, given
+    `owns`, every hook whose object `owns(object)` accepts)."""
+    owns = owns or functools.partial(owned_by, owner=owner)
     remove_inner = getattr(host, "remove_inner_hooks", None)
     if remove_inner is not None:
-        remove_inner(module, functools.partial(owned_by, owner=owner))
+        remove_inner(module, owns)
     for table_name, flag_names in host.hook_tables:
         table = getattr(module, table_name, None) or {}
         for hook_id, hook in list(table.items()):
-            if owned_by(_owner(hook), owner):
+            if owns(_owner(hook)):
                 del table[hook_id]
                 for flag_name in flag_names:
                     getattr(module, flag_name, {}).pop(hook_id, None)
@@ -202,8 +204,8 @@ def around(patch: Any, module: Any, pre: Any, post: Any) -> None:
     """`pre` and `post` around `module`'s own forward: innermost in its forward chain where the host
     can seat them there (torch: inside diffusers' and accelerate's wrappers), else as forward hooks."""
     inner = getattr(patch.host, "add_inner_hooks", None)
-    if inner is not None:
-        inner(module, pre, post, patch)
+    if inner is not None:  # owned by the hook object (its patch's, and its block's: ToMePatch.park finds it)
+        inner(module, pre, post, getattr(pre or post, "__self__", patch))
         track(patch, module)
         return
     if pre is not None:

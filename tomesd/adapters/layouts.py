@@ -62,6 +62,8 @@ class Layout:
         return x
 
     def placed(self, call: Any, x: Any, index: int, matching: Any) -> Any:
+        if not call.tail and not call.head:
+            return matching
         return with_head(with_tail(matching, call.tail), call.head)  # over its whole input: a head and a tail pass whole
 
     def plan(self, args: Any, call: Any, batch: int, num_tokens: int, index: int, bands: int = 1) -> Any:
@@ -101,7 +103,13 @@ class Levels(Layout):
             call.finest_level = None if grid is None else grid[0]
         if call.finest_level is None:
             return None
-        return plan_level_block(args, call.grid, batch, num_tokens, call.finest_level, call.ratio)
+        plan = plan_level_block(args, call.grid, batch, num_tokens, call.finest_level, call.ratio)
+        if plan is None:
+            grid = block_grid(call.grid, num_tokens)
+            limit = call.finest_level if args.max_downsample is None else args.max_downsample
+            if grid is not None and grid[0] > limit:  # a level below those ToMe merges, at any resolution
+                call.idle.append(index)
+        return plan
 
 
 class Patches(Layout):

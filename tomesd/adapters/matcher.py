@@ -11,7 +11,8 @@ import math
 from typing import Any, Dict, Optional
 
 from tome_core import band_coordinate_merges, band_range, banded_coordinate_merges, banded_grid_merges, \
-    compute_coordinate_merges, compute_downsample, compute_merges, num_cells, rng
+    compute_coordinate_merges, compute_downsample, compute_merges, coordinate_cells, coordinate_partitions, \
+    grid_partitions, num_cells, rng
 
 from .calls import BlockMerge, CallState
 from .guards import CHUNKED_FF
@@ -30,9 +31,14 @@ class Matcher:
         # break left `_offsets` to a resume function).
         self.steps_reused, self.reuses, self.seed = args.steps_reused, args.reuses, args.rand_seed
         self.steps = TimestepSteps()  # a bare model's steps and kept matchings (reuse_steps > 1)
+        self.memo: Dict[Any, Any] = {}  # index constants by shape and device, for eager calls (CallState.memo)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "memo": {}}  # copies build their own constants
 
     def reset(self) -> None:
         self.steps = TimestepSteps()  # drops this patch's kept matchings in every thread
+        self.memo = {}
 
     def denoising_step(self, timestep: Any) -> int:
         """This thread's denoising step number on a bare model: it advances when the timestep's value changes."""
@@ -134,54 +140,92 @@ class Matcher:
 
     def _match(self, index: int, x: Any, plan: Any, call: CallState) -> Any:
         patch, args, xp = self.patch, self.patch.args, self.patch.xp
-        self._note(call, index, computed=1)
+        if call.watch is not None:
+            self._note(call, index, computed=1)
         offsets, band = None, call.band
         rs = [r for _, r in plan.site_r] if plan.site_r else [plan.r]  # per-site ratios: one matching, a merge per site
         if call.coords is not None:
             # Each sample matched on its own where every block's rotary rows can follow it (patch.per_sample), else
             # one matching for the batch. Either way one random pattern for the batch (keyed by seed, timestep and
-            # block), so a batch split over calls draws alike. Built once per call on the first block's device; a
-            # block on another device takes them there.
-            coords = tuple(patch.host.on_device_of(c, x) for c in call.coords)
-            strides = (args.st, args.sy, args.sx)[-len(coords):]  # (sy, sx) on an image, (st, sy, sx) on a video
-            n = xp.shape(coords[0])[0]  # the whole grid's tokens: `x` holds one band of them under a band rule
-            if args.use_rand:
-                volume = math.prod(strides)  # a space-time cell's places span its frames too
-                offsets = self._offsets(index, x, n // volume, volume, call)  # the whole grid's draw
+            # block), so a batch split over calls draws alike.
+            strides = (args.st, args.sy, args.sx)[-len(call.coords):]  # (sy, sx) on an image, (st, sy, sx) on a video
             per_sample = patch.per_sample
             if band is None:
-                merges = compute_coordinate_merges(xp, x, coords, strides, rs, offsets, per_sample=per_sample)
-            elif band.index is None:
-                merges = banded_coordinate_merges(xp, x, coords, strides, rs, offsets, band.count, per_sample)
-            else:  # a context-parallel rank: its own band
-                merges = band_coordinate_merges(xp, x, coords, strides, rs, offsets,
-                                                band_range(n, band.count, band.index), per_sample)
+                merges = compute_coordinate_merges(xp, x, call.coords, strides, rs, per_sample=per_sample,
+                                                   partition=self._coordinate_partition(index, x, strides, call),
+                                                   memo=call.memo)
+            else:
+                coords = tuple(patch.host.on_device_of(c, x) for c in call.coords)
+                n = xp.shape(coords[0])[0]  # the whole grid's tokens: `x` holds one band of them
+                if args.use_rand:
+                    volume = math.prod(strides)  # a space-time cell's places span its frames too
+                    offsets = self._offsets(index, x, n // volume, volume, call)  # the whole grid's draw
+                if band.index is None:
+                    merges = banded_coordinate_merges(xp, x, coords, strides, rs, offsets, band.count, per_sample)
+                else:  # a context-parallel rank: its own band
+                    merges = band_coordinate_merges(xp, x, coords, strides, rs, offsets,
+                                                    band_range(n, band.count, band.index), per_sample)
         else:
             bands = 1 if band is None else band.count  # context parallelism is refused on grid layouts (guards)
             h = plan.h * bands
-            if plan.use_rand:
-                offsets = self._offsets(index, x, num_cells(plan.w, h, args.sx, args.sy), args.sx * args.sy, call)
             if bands == 1:
-                merges = compute_merges(xp, x, plan.w, h, args.sx, args.sy, rs, offsets)
+                merges = compute_merges(xp, x, plan.w, h, args.sx, args.sy, rs,
+                                        partition=self._grid_partition(index, x, plan, call), memo=call.memo)
             else:
+                if plan.use_rand:
+                    offsets = self._offsets(index, x, num_cells(plan.w, h, args.sx, args.sy), args.sx * args.sy, call)
                 merges = banded_grid_merges(xp, x, plan.w, h, args.sx, args.sy, rs, offsets, bands)
         if plan.site_r:
             return _per_site(plan, merges)
         return None if merges is None else merges.get(plan.r)
 
-    def _offsets(self, index: int, x: Any, cells: int, places: int, call: CallState) -> Any:
-        """Block `index`'s dst place in each of `cells` cells of `places` tokens (sx * sy on an image,
-        st * sy * sx on a space-time grid): one table per call and cell count. A patch's cell size never
-        changes, so the cell count alone keys the table (an int: paddle's SOT cannot simulate a tuple key)."""
-        xp = self.patch.xp
+    def _grid_partition(self, index: int, x: Any, plan: Any, call: CallState) -> Any:
+        """Block `index`'s (order, position) on its grid: every block's, drawn and sorted in one go at the call's
+        first block on this grid (with random dst; else one partition serves them all)."""
+        args, xp = self.patch.args, self.patch.xp
+        key = (plan.w, plan.h, plan.use_rand)
+        table = call.partitions.get(key)
+        if table is None:
+            offsets = None
+            if plan.use_rand:
+                offsets = self._draws(x, num_cells(plan.w, plan.h, args.sx, args.sy), args.sx * args.sy, call)
+            table = call.partitions[key] = xp.concat(grid_partitions(xp, x, plan.w, plan.h, args.sx, args.sy, offsets), 1)
+        # [K, 2N]: row k holds block k's order, then its position (one tensor: one move to another device)
+        rows = self.patch.host.on_device_of(table[index if plan.use_rand else 0], x)
+        n = plan.w * plan.h
+        return rows[:n], rows[n:]
+
+    def _coordinate_partition(self, index: int, x: Any, strides: Any, call: CallState) -> Any:
+        """Block `index`'s (order, position, num_dst) on the call's coordinates, every block's made at once."""
+        key = ("coordinates", self.patch.args.use_rand)
+        table = call.partitions.get(key)
+        if table is None:
+            xp, use_rand = self.patch.xp, self.patch.args.use_rand
+            cells = coordinate_cells(xp, call.coords, strides)
+            offsets = self._draws(x, cells.num_dst, cells.volume, call) if use_rand else None
+            order, position, num_dst = coordinate_partitions(xp, cells, offsets)
+            table = call.partitions[key] = (xp.concat([order, position], 1), num_dst)
+        rows = self.patch.host.on_device_of(table[0][index if self.patch.args.use_rand else 0], x)
+        n = self.patch.xp.shape(rows)[0] // 2
+        return rows[:n], rows[n:], table[1]
+
+    def _draws(self, x: Any, cells: int, places: int, call: CallState) -> Any:
+        """The call's [blocks, cells] table of dst places in cells of `places` tokens (sx * sy on an image,
+        st * sy * sx on a space-time grid): block b's pattern is row b, a function of (seed, timestep, b)."""
         table = call.draws.get(cells)
         if table is None:
             if call.key is None:
-                call.key = rng.call_key(xp, self.seed, call.timestep)
-            table = rng.randint(xp, x, [len(self.patch.blocks), cells], places, call.key)
+                call.key = rng.call_key(self.patch.xp, self.seed, call.timestep)
+            table = rng.randint(self.patch.xp, x, [len(self.patch.blocks), cells], places, call.key)
             call.draws[cells] = table
+        return table
+
+    def _offsets(self, index: int, x: Any, cells: int, places: int, call: CallState) -> Any:
+        """Block `index`'s dst place in each of `cells` cells (the band rule's matchings, which cut the whole
+        grid's draw per band). A patch's cell size never changes, so the cell count alone keys the table (an int:
+        paddle's SOT cannot simulate a tuple key)."""
         # One draw for every block, on the first block's device: a block on another device takes its row there.
-        return self.patch.host.on_device_of(table[index], x)
+        return self.patch.host.on_device_of(self._draws(x, cells, places, call)[index], x)
 
     def _note(self, call: CallState, index: int, computed: int = 0, reused: int = 0) -> None:
         if call.watch is not None:

@@ -61,8 +61,9 @@ class RootHooks:
 
     def post(self, module: Any, args: tuple, output: Any) -> None:
         stack = self.patch.calls.current()
-        if stack:
-            stack.pop()
+        call = stack.pop() if stack else None
+        if call is not None and call.idle and not self.patch.host.is_compiling():
+            self.patch.park(call.idle)
         for seam in (self.patch.seam, self.patch.key_seam, self.patch.call_seam):
             if seam is not None:
                 seam.clear()  # an attention that raised left its arming
@@ -97,6 +98,8 @@ class ToMePatch:
         self.per_sample = False
         # A plain int for the per-call path (paddle's SOT translator reads plain values best); downsample has none.
         self.bands = args.bands or 1
+        self.downsampling = args.mode == "downsample"
+        self.parked: set = set()  # blocks whose hooks park() took off
         self._init_runtime()
 
     def _init_runtime(self) -> None:
@@ -152,6 +155,19 @@ class ToMePatch:
         """install.seat_span_cache, as a span's start asks for it at each call (a cache added after the patch)."""
         seat_span_cache(self, index, span)
 
+    def park(self, blocks: List[int]) -> None:
+        """Take off the hooks of `blocks`, which the layout found never reduce (a UNet's blocks below the levels
+        ToMe merges: which level a block sits at is its architecture's), so that they cost nothing from the next
+        call on. Eager calls only; remove_patch takes off the rest as ever."""
+        idle = set(blocks)
+
+        def owns(target: Any) -> bool:
+            return getattr(target, "patch", None) is self and getattr(target, "index", None) in idle
+
+        for module in self._hooked:
+            remove_owned_hooks(self.host, module, self, owns)
+        self.parked.update(idle)
+
     def detach(self) -> None:
         """Take this patch's hooks off (what it keeps across calls stays)."""
         for module in self._hooked:
@@ -177,10 +193,13 @@ class ToMePatch:
         host, call = self.host, CallState()
         # Pushed before any error: the always-called exit hook pops it even when this hook raises.
         self.calls.current().append(call)
-        if self.observers and not host.is_compiling():
-            call.watch = CallWatch(self.observers, type(module).__name__)
-        if self.seam is not None and not host.is_compiling():
-            self.seam.cover_new_backends()
+        eager = not host.is_compiling()
+        if eager:
+            call.memo = self.matcher.memo  # index constants kept across calls (a traced call builds its own)
+            if self.observers:
+                call.watch = CallWatch(self.observers, type(module).__name__)
+            if self.seam is not None:
+                self.seam.cover_new_backends()
         latent = self.latent_spec.get(args, kwargs)
         if latent is None:
             raise TypeError(f"ToMe found no '{self.latent_spec.name}' input in this call of {type(module).__name__}")
@@ -189,7 +208,7 @@ class ToMePatch:
         if self.timestep_spec is not None:
             call.timestep = self.timestep_spec.get(args, kwargs)
         if self.clock is not None and self.clock.schedule is not None:
-            if not host.is_compiling():
+            if eager:
                 self.clock.follow()
             call.ratio = self.clock.ratio  # a float set on the host as the step began
         elif self.host_ratio is not None:
@@ -197,11 +216,11 @@ class ToMePatch:
         if self.matcher.steps_reused > 1 and not host.grad_enabled():  # training never reuses (see matcher)
             if self.clock is None:
                 call.step = self.matcher.denoising_step(call.timestep)
-            elif not host.is_compiling():
+            elif eager:
                 self.clock.follow()
             if self.args.restore_tokens:
                 call.restore = self.matcher.call_restore()
-        if self.replay and not host.grad_enabled() and not host.is_compiling():
+        if self.replay and eager and not host.grad_enabled():
             self.replay.clear()  # inference after training: nothing left to recompute
 
     def _band(self, module: Any) -> Optional[Band]:
@@ -218,7 +237,7 @@ class ToMePatch:
         call = self.calls.top()
         if call is None:
             return  # replayed by checkpointing: the sub-layers use the replay record
-        if self.args.mode == "downsample":
+        if self.downsampling:
             for way in self.kinds[index].downsample:
                 attn = getattr(block, way.attention, None)
                 if attn is not None:  # the processor may have been swapped after apply_patch
@@ -233,15 +252,22 @@ class ToMePatch:
         call = self.calls.top()
         return None if call is None else call.watch
 
+    # The per-call path: a hook finds its call once (calls.top) and asks with it.
     def site_merge(self, index: int, flag: str, like: Any = None) -> Any:
-        """Block `index`'s merge for the site `flag` turns on: with per-site ratios the block holds one merge
-        per site (all from one matching), else one merge for every site. `like`: the tokens the site holds."""
-        merge = self.current_merge(index, like)
+        """Block `index`'s merge for the site `flag` turns on in the current call (call_merge)."""
+        return self.call_merge(self.calls.top(), index, flag, like)
+
+    def call_merge(self, call: Optional[CallState], index: int, flag: str, like: Any = None) -> Any:
+        """Block `index`'s merge in `call` for the site `flag` turns on: with per-site ratios the block holds one
+        merge per site (all from one matching), else one merge for every site. `like`: the tokens the site holds."""
+        merge = self.block_merge(call, index, like)
         return merge.get(flag) if isinstance(merge, dict) else merge
 
     def site_restore(self, index: int, flag: str) -> Optional[SiteRestore]:
-        """Block `index`'s restoring for the site `flag` turns on in this call (restore_tokens), or None."""
-        call = self.calls.top()
+        return self.call_restore(self.calls.top(), index, flag)
+
+    def call_restore(self, call: Optional[CallState], index: int, flag: str) -> Optional[SiteRestore]:
+        """Block `index`'s restoring for the site `flag` turns on in `call` (restore_tokens), or None."""
         kept = None if call is None else call.restoring.get(index)
         if kept is None:
             return None
@@ -250,14 +276,15 @@ class ToMePatch:
         return None if merge is None else SiteRestore(matching, merge, call.restore)
 
     def current_merge(self, index: int, like: Any = None) -> BlockMerge:
-        """Block `index`'s merge in this call, matched at its first hooked sub-layer, on the device of the
+        return self.block_merge(self.calls.top(), index, like)
+
+    def block_merge(self, call: Optional[CallState], index: int, like: Any = None) -> BlockMerge:
+        """Block `index`'s merge in `call`, matched at its first hooked sub-layer, on the device of the
         tokens that sub-layer holds (`like`): a model split over devices moves the block's input inside the
         block (accelerate's device hooks), after the block's entry hook recorded it."""
-        call = self.calls.top()
         if call is not None:
-            pending = call.pending.pop(index, None)
-            if pending is not None:  # the block's first hooked sub-layer: match now
-                block, x, grad = pending
+            if index in call.pending:  # the block's first hooked sub-layer: match now
+                block, x, grad = call.pending.pop(index)
                 self._settle(index, call, block, x if like is None else self.host.on_device_of(x, like), grad)
             return call.merges.get(index)
         # A block running after its root's call: a checkpointed block recomputed in backward.

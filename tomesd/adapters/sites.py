@@ -22,18 +22,20 @@ class SiteHook:
     def __init__(self, patch: Any, index: int) -> None:
         self.patch, self.index = patch, index
 
-    def _record(self, site: str, before: Any, after: Any) -> None:
-        watch = self.patch.watch()
+    def _record(self, call: Any, site: str, before: Any, after: Any) -> None:
+        watch = None if call is None else call.watch
         if watch is not None:
             shape = self.patch.xp.shape
             watch.site(self.index, self.patch.kind_names[self.index], site, shape(before)[1], shape(after)[1])
 
-    def _along_tokens(self, work: str, fn: Any, x: Any) -> Any:
+    def _along_tokens(self, call: Any, work: str, fn: Any, x: Any) -> Any:
         """`fn`, a merge or unmerge, on `x` (a DTensor's local tensor under tensor parallelism), timed as `work`."""
-        return self._timed(work, self.patch.host.on_local_tokens, fn, x)
+        if call is None or call.watch is None:
+            return self.patch.host.on_local_tokens(fn, x)
+        return self._timed(call, work, self.patch.host.on_local_tokens, fn, x)
 
-    def _timed(self, work: str, fn: Any, *args: Any) -> Any:
-        watch = self.patch.watch()
+    def _timed(self, call: Any, work: str, fn: Any, *args: Any) -> Any:
+        watch = None if call is None else call.watch
         if watch is None:
             return fn(*args)
         started = watch.start()
@@ -69,7 +71,9 @@ class MergeSite(SiteHook):
     def pre(self, module: Any, args: tuple, kwargs: dict) -> Any:
         # The image tokens, or a sequence ending with them (CogVideoX's feed-forward sees [text, image]).
         tokens = self.spec.get(args, kwargs)
-        merge = self.patch.site_merge(self.index, self.layer.flag, tokens)
+        patch = self.patch
+        call = patch.calls.top()
+        merge = patch.call_merge(call, self.index, self.layer.flag, tokens)
         if merge is None:
             return None
         if self.rotary is not None:
@@ -82,12 +86,14 @@ class MergeSite(SiteHook):
             raise ValueError(MASKED_SELF_ATTENTION)
         if mask is not None:  # each merged row's entries are its representative's
             for axis in self.mask_axes:
-                mask = merge.gather_rows(mask, len(self.patch.xp.shape(mask)) + axis)
+                mask = merge.gather_rows(mask, len(patch.xp.shape(mask)) + axis)
             args, kwargs = self.mask.replace(args, kwargs, mask)
-        merged = self._along_tokens("merge", merge.merge_head if self.layer.image_first else merge.merge_tail, tokens)
-        self._record(self.layer.flag, tokens, merged)
+        merged = self._along_tokens(call, "merge", merge.merge_head if self.layer.image_first else merge.merge_tail,
+                                    tokens)
+        if call is not None and call.watch is not None:
+            self._record(call, self.layer.flag, tokens, merged)
         if self.weighs:
-            key_weights.arm(self.patch, merge, self.layer.image_keys_first)
+            key_weights.arm(patch, merge, self.layer.image_keys_first)
         for spec in self.also:  # the same tokens given again (Lumina 2's context): the same merged tensor
             given = spec.get(args, kwargs)
             if given is not None and given is not tokens:
@@ -108,9 +114,10 @@ class MergeSite(SiteHook):
     def post(self, module: Any, args: tuple, output: Any) -> Any:
         if self.layer.rotates:
             check_rotated(self, module)
-        if self.weighs and self.patch.site_merge(self.index, self.layer.flag) is not None:
+        call = self.patch.calls.top()
+        if self.weighs and self.patch.call_merge(call, self.index, self.layer.flag) is not None:
             key_weights.check_weighed(self.patch, module)
-        return unmerge_output(self, self.layer.flag, self.layer.outputs, output, self.layer.image_first, module)
+        return unmerge_output(self, self.layer.flag, self.layer.outputs, output, self.layer.image_first, module, call)
 
 
 def gather_rotary(merge: Any, rows: Any, axis: int, image_first: bool = False) -> Any:
@@ -152,29 +159,39 @@ def check_rotated(hook: SiteHook, module: Any) -> None:
 
 
 def unmerge_output(hook: SiteHook, flag: str, positions: Tuple[int, ...], output: Any, head: bool = False,
-                   where: Any = None) -> Any:
+                   where: Any = None, call: Any = False) -> Any:
     """The image tokens of a sub-layer's output back to every token (the last N of a joined sequence; with `head`,
-    its first N). `where`: the module whose output it is (restored tokens key their residuals by it)."""
-    merge = hook.patch.site_merge(hook.index, flag)
-    restoring = hook.patch.site_restore(hook.index, flag)
+    its first N). `where`: the module whose output it is (restored tokens key their residuals by it); `call`: the
+    current call, where the hook has found it already."""
+    patch = hook.patch
+    if call is False:
+        call = patch.calls.top()
+    merge = patch.call_merge(call, hook.index, flag)
+    restoring = None if call is None or not call.restoring else patch.call_restore(call, hook.index, flag)
     if merge is None:
         if restoring is not None:  # the window's unmerged step (restore_tokens): keep the residuals
             restore.keep(hook, restoring, positions, output, head, where)
         return None
 
-    local = hook.patch.host.on_local_tokens
-
-    def unmerge(output: Any) -> Any:
-        if not positions:
-            return local(merge.unmerge_head if head else merge.unmerge_tail, output)
-        one = merge.unmerge_head if head else merge.unmerge  # the image alone (or followed by tokens that pass)
-        if not isinstance(output, tuple):  # a processor that returns the image tokens alone
-            return local(one, output)
-        return tuple(local(one, item) if i in positions and item is not None else item
-                     for i, item in enumerate(output))
-
-    output = hook._timed("unmerge", unmerge, output)
+    local = patch.host.on_local_tokens
+    if call is None or call.watch is None:
+        output = _unmerged(local, merge, positions, output, head)
+    else:
+        output = hook._timed(call, "unmerge", _unmerged, local, merge, positions, output, head)
     return output if restoring is None else restore.add(hook, restoring, positions, output, where)
+
+
+def _unmerged(local: Any, merge: Any, positions: Tuple[int, ...], output: Any, head: bool) -> Any:
+    if not positions:
+        return local(merge.unmerge_head if head else merge.unmerge_tail, output)
+    one = merge.unmerge_head if head else merge.unmerge  # the image alone (or followed by tokens that pass)
+    if not isinstance(output, tuple):  # a processor that returns the image tokens alone
+        return local(one, output)
+    items = list(output)
+    for i in positions:
+        if i < len(items) and items[i] is not None:
+            items[i] = local(one, items[i])
+    return tuple(items)
 
 
 class _SpanHook(SiteHook):
@@ -192,13 +209,14 @@ class SpanStart(_SpanHook):
     def post(self, module: Any, args: tuple, output: Any) -> Any:
         position = self.span.start_output
         tokens = output if position is None else output[position]
-        merge = self.patch.site_merge(self.index, self.span.flag, tokens)
+        call = self.patch.calls.top()
+        merge = self.patch.call_merge(call, self.index, self.span.flag, tokens)
         if merge is None:
             return None
         if not self.patch.host.is_compiling():
             self.patch.seat_span_cache(self.index, self.span)  # a cache added after the patch
-        merged = self._along_tokens("merge", _merge_fn(merge, self.span), tokens)
-        self._record(self.span.flag, tokens, merged)
+        merged = self._along_tokens(call, "merge", _merge_fn(merge, self.span), tokens)
+        self._record(call, self.span.flag, tokens, merged)
         if position is None:
             return merged
         return tuple(merged if i == position else item for i, item in enumerate(output))
@@ -223,8 +241,9 @@ class SpanInterior(_SpanHook):
         return unmerge_output(self, self.span.flag, (), output, self.span.image_first, module)
 
     def merge(self, module: Any, args: tuple, output: Any) -> Any:
-        merge = self.patch.site_merge(self.index, self.span.flag)
-        return None if merge is None else self._along_tokens("merge", _merge_fn(merge, self.span), output)
+        call = self.patch.calls.top()
+        merge = self.patch.call_merge(call, self.index, self.span.flag)
+        return None if merge is None else self._along_tokens(call, "merge", _merge_fn(merge, self.span), output)
 
 
 class SpanRotary(_SpanHook):

@@ -108,6 +108,17 @@ class PaddleArrays:
     def take(self, x: paddle.Tensor, indices: paddle.Tensor, axis: int) -> paddle.Tensor:
         return paddle.index_select(x, indices, axis=axis)
 
+    def take_along(self, x: paddle.Tensor, indices: paddle.Tensor, axis: int) -> paddle.Tensor:
+        return paddle.take_along_axis(x, indices, axis)
+
+    def put_along(self, x: paddle.Tensor, indices: paddle.Tensor, axis: int) -> paddle.Tensor:
+        return paddle.put_along_axis(paddle.zeros_like(x), indices, x, axis)
+
+    def segment_mean(self, x: paddle.Tensor, segments: paddle.Tensor, count: int) -> paddle.Tensor:
+        # ppdiffusers' own merge: a sum, then times the inverse counts (its numerics, kept for parity with it)
+        total = self.scatter_add(self.zeros([count, x.shape[1]], x), segments, x)
+        return total * (1.0 / self.counts(segments, count)).reshape([count, 1]).astype(x.dtype)
+
     def scatter_add(self, target: paddle.Tensor, indices: paddle.Tensor, src: paddle.Tensor) -> paddle.Tensor:
         if target.dtype in _SCATTER_UPCAST:
             out = paddle.index_add(target.astype("float32"), indices, 0, src.astype("float32"))

@@ -1,95 +1,112 @@
 """PyTorch backend."""
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 
 import torch
 
 from . import torch_dispatch, torch_function_seam, torch_links, torch_parallel, torch_projections, torch_sdpa
 
+_NOTHING = contextlib.nullcontext()
+
+
+def _sort_indices(x: torch.Tensor, axis: int, descending: bool) -> torch.Tensor:
+    return torch.sort(x, dim=axis, descending=descending, stable=True).indices
+
 
 class TorchArrays:
-    """tome_core's array namespace on torch tensors (tome_core.backend.Backend)."""
+    """tome_core's array namespace on torch tensors (tome_core.backend.Backend).
+
+    Every operation runs on each merged block of each step, so those whose arguments torch takes as they come are
+    torch's own functions, bound as attributes (calling them runs no Python frame); the others are one small
+    function each."""
 
     name = "torch"
+
+    # Torch's functions, taking the protocol's arguments as they are.
+    reshape = staticmethod(torch.reshape)
+    concat = staticmethod(torch.cat)
+    max_with_indices = staticmethod(torch.max)
+    equal = staticmethod(torch.eq)
+    broadcast_to = staticmethod(torch.broadcast_to)
+    where = staticmethod(torch.where)
+    bitwise_xor = staticmethod(torch.bitwise_xor)
+    floor = staticmethod(torch.floor)
+    to_int64 = staticmethod(torch.Tensor.long)
+    to_float32 = staticmethod(torch.Tensor.float)
 
     def __reduce__(self) -> str:
         return "backend"  # copies and pickles of patched models share the module's one instance
 
-    def no_grad(self):
-        return torch.no_grad()
+    @staticmethod
+    def no_grad():
+        # Hooks mostly run under the pipeline's no_grad already: then nothing to enter (torch.no_grad() is a
+        # handful of Python calls per block).
+        return torch.no_grad() if torch.is_grad_enabled() else _NOTHING
 
-    def shape(self, x: torch.Tensor) -> Tuple[int, ...]:
-        # Plain ints, and under torch.compile a static tensor: each resolution is one static graph.
-        # (A dynamic-shape trace would guard on the token count, an expression of the latent size
-        # that dynamo's sympy takes minutes to simplify.)
-        if torch.compiler.is_compiling():
-            torch._dynamo.mark_static(x)
-        return tuple(int(d) for d in x.shape)
+    @staticmethod
+    def shape(x: torch.Tensor) -> Tuple[int, ...]:
+        # Plain ints; under torch.compile int() specializes each size, so each resolution is one static graph
+        # (a dynamic-shape trace would guard on the token count, an expression of the latent size that dynamo's
+        # sympy takes minutes to simplify). In eager mode map and int run no Python frame.
+        return tuple(map(int, x.shape))
 
-    def arange(self, n: int, like: torch.Tensor, step: int = 1) -> torch.Tensor:
+    @staticmethod
+    def arange(n: int, like: torch.Tensor, step: int = 1) -> torch.Tensor:
         return torch.arange(0, n, step, device=like.device, dtype=torch.int64)
 
-    def zeros(self, shape: Sequence[int], like: torch.Tensor, integer: bool = False) -> torch.Tensor:
+    @staticmethod
+    def zeros(shape: Sequence[int], like: torch.Tensor, integer: bool = False) -> torch.Tensor:
         return torch.zeros(shape, device=like.device, dtype=torch.int64 if integer else like.dtype)
 
-    def reshape(self, x: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
-        return x.reshape(shape)
-
-    def concat(self, xs: Sequence[torch.Tensor], axis: int) -> torch.Tensor:
-        return torch.cat(list(xs), dim=axis)
-
-    def take(self, x: torch.Tensor, indices: torch.Tensor, axis: int) -> torch.Tensor:
+    @staticmethod
+    def take(x: torch.Tensor, indices: torch.Tensor, axis: int) -> torch.Tensor:
         return torch.index_select(x, axis, indices)
 
-    def scatter_add(self, target: torch.Tensor, indices: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def take_along(x: torch.Tensor, indices: torch.Tensor, axis: int) -> torch.Tensor:
+        return torch.gather(x, axis, indices)
+
+    @staticmethod
+    def put_along(x: torch.Tensor, indices: torch.Tensor, axis: int) -> torch.Tensor:
+        return torch.empty_like(x).scatter_(axis, indices, x)
+
+    @staticmethod
+    def segment_mean(x: torch.Tensor, segments: torch.Tensor, count: int) -> torch.Tensor:
+        # One kernel where a sum into zeros times the inverse counts takes three (and the counts three more).
+        out = torch.empty((count, x.shape[1]), device=x.device, dtype=x.dtype)
+        return out.scatter_reduce_(0, segments.unsqueeze(1).expand(x.shape), x, "mean", include_self=False)
+
+    @staticmethod
+    def scatter_add(target: torch.Tensor, indices: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
         return target.index_add(0, indices, src)
 
-    def scatter_reduce(self, target: torch.Tensor, indices: torch.Tensor, src: torch.Tensor, mode: str) -> torch.Tensor:
+    @staticmethod
+    def scatter_reduce(target: torch.Tensor, indices: torch.Tensor, src: torch.Tensor, mode: str) -> torch.Tensor:
         return target.index_reduce(0, indices, src, mode, include_self=False)
 
-    def argsort(self, x: torch.Tensor, axis: int, descending: bool) -> torch.Tensor:
-        return torch.sort(x, dim=axis, descending=descending, stable=True).indices
+    argsort = staticmethod(_sort_indices)
 
-    def max_with_indices(self, x: torch.Tensor, axis: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        values, indices = x.max(dim=axis)
-        return values, indices
+    @staticmethod
+    def matmul_transposed(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(a, b.transpose(-1, -2))
 
-    def matmul_transposed(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return a @ b.transpose(-1, -2)
+    @staticmethod
+    def l2_normalize(x: torch.Tensor, axis: int) -> torch.Tensor:
+        return x / torch.linalg.vector_norm(x, dim=axis, keepdim=True)  # Tensor.norm's own kernel, without its Python
 
-    def l2_normalize(self, x: torch.Tensor, axis: int) -> torch.Tensor:
-        return x / x.norm(dim=axis, keepdim=True)
-
-    def counts(self, x: torch.Tensor, length: int) -> torch.Tensor:
+    @staticmethod
+    def counts(x: torch.Tensor, length: int) -> torch.Tensor:
         ones = torch.ones(x.shape, device=x.device, dtype=torch.float32)
         return torch.zeros(length, device=x.device, dtype=torch.float32).index_add_(0, x, ones)
 
-    def equal(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return a == b
-
-    def broadcast_to(self, x: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
-        return x.expand(*shape)
-
-    def where(self, cond: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.where(cond, a, b)
-
-    def bitwise_xor(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.bitwise_xor(a, b)
-
-    def floor(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.floor(x)
-
-    def to_int64(self, x: torch.Tensor) -> torch.Tensor:
-        return x.to(torch.int64)
-
-    def astype_like(self, x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def astype_like(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         return x.to(device=like.device, dtype=like.dtype)
 
-    def to_float32(self, x: torch.Tensor) -> torch.Tensor:
-        return x.to(torch.float32)
-
-    def randint_from(self, generator: torch.Generator, high: int, shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def randint_from(generator: torch.Generator, high: int, shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
         # tomesd's draw, so a generator in the same state gives tomesd's pattern.
         draws = torch.randint(high, size=(*shape, 1), device=generator.device, generator=generator)
         return draws.reshape(-1).to(like.device)
@@ -109,15 +126,13 @@ class TorchHost:
     def __reduce__(self) -> str:
         return "host"  # copies and pickles of patched models share the module's one instance
 
-    def is_compiling(self) -> bool:
-        return torch.compiler.is_compiling()
+    # Asked on every hook of every block: torch's own function, with no frame of ours around it.
+    is_compiling = staticmethod(torch.compiler.is_compiling)
+    grad_enabled = staticmethod(torch.is_grad_enabled)
 
     def host_float(self, x: Any) -> float:
         """A scalar's value on the host (one device sync for a tensor on an accelerator)."""
         return float(x.detach().reshape(-1)[0]) if isinstance(x, torch.Tensor) else float(x)
-
-    def grad_enabled(self) -> bool:
-        return torch.is_grad_enabled()
 
     def reset_compiled(self) -> None:
         torch.compiler.reset()
@@ -174,9 +189,8 @@ class TorchHost:
         """One attention's weights: log of each merged row's token count ([B, M, 1] inverse counts)."""
         return torch_sdpa.KeyWeights(-torch.log(inv_counts[..., 0]), image_keys_first, uniform)
 
-    def on_local_tokens(self, fn: Callable[[Any], Any], x: Any) -> Any:
-        """`fn` (a merge or unmerge along the tokens) on `x`, or on a DTensor's local tensor (tensor parallelism)."""
-        return torch_parallel.on_local_tokens(fn, x)
+    # `fn` (a merge or unmerge along the tokens) on `x`, or on a DTensor's local tensor (tensor parallelism)
+    on_local_tokens = staticmethod(torch_parallel.on_local_tokens)
 
     def context_split(self, root: torch.nn.Module) -> Optional[torch_parallel.ContextSplit]:
         """This process's band of `root`'s tokens under diffusers' context parallelism, or None."""
