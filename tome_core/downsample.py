@@ -24,6 +24,7 @@ class KVDownsample:
         self._keep, self._pool = keep, pool
         self.num_tokens, self.num_kept = n, m
         self._grid = grid  # (a tensor on the device, h, w, factor, frames): each token's cell, when asked
+        self._tail_index: dict = {}  # text rows before the image -> the kept rows of [text, image] (shrink_tail)
 
     @property
     def uniform(self) -> bool:
@@ -46,6 +47,28 @@ class KVDownsample:
         if n != self.num_tokens:
             raise ValueError(f"downsampling expects {self.num_tokens} tokens, got {n}")
         return self._xp.take(x, self._keep, 1)
+
+
+    def shrink_tail(self, x: Any) -> Any:
+        """x [B, S, ...] whose last N rows along axis 1 are the image's (any before them text): the image's rows
+        downsampled, the text's kept, in one gather for "nearest" (its index kept per text length)."""
+        xp = self._xp
+        shape = xp.shape(x)
+        b, s, n = shape[0], shape[1], self.num_tokens
+        if s < n:
+            raise ValueError(f"downsampling expects a sequence ending with the {n} image tokens, got {s} tokens")
+        if self._pool is None:
+            index = self._tail_index.get(s - n)
+            if index is None:
+                index = self._keep if s == n else xp.concat([xp.arange(s - n, self._keep), self._keep + (s - n)], 0)
+                self._tail_index[s - n] = index
+            return xp.take(x, index, 1)
+        rest = list(shape[2:])
+        width = 1
+        for d in rest:
+            width *= d
+        image = xp.reshape(self._pool.merge(xp.reshape(x[:, s - n:], [b, n, width])), [b, self.num_kept] + rest)
+        return image if s == n else xp.concat([x[:, :s - n], image], 1)
 
 
 def compute_downsample(

@@ -31,6 +31,8 @@ class TokenMerge:
         # For each merged row, the token that stands for it (see compute_coordinate_merges): [M] when one map
         # serves the batch, [B, M] when each sample has its own.
         self.representatives = representatives
+        self._row_index: dict = {}  # per-sample row indices of per-token tables, by (head, after): _sample_rows
+        self._rep_rank = None  # representatives' rank (1: one map for the batch; 2: per sample), once read
 
     def _wrong(self, x: Any, expected: int, what: str) -> ValueError:
         return ValueError(f"{what} expects [{self.batch}, {expected}, C] tokens, got {list(self._xp.shape(x))}")
@@ -123,42 +125,59 @@ class TokenMerge:
         `axis` counts from the table's last axis. With `image_first`, the image's rows are the first N and the text's
         follow them (HiDream's rows over [image, text])."""
         xp = self._xp
-        axis = axis % len(xp.shape(table))  # a negative axis from the end (LTX-2's rows: -2, with or without heads)
-        s = xp.shape(table)[axis]
+        shape = xp.shape(table)
+        axis = axis % len(shape)  # a negative axis from the end (LTX-2's rows: -2, with or without heads)
+        s = shape[axis]
         if s < self.num_tokens:
             raise ValueError(f"a table with rows along axis {axis} must hold the image's {self.num_tokens} rows "
                              f"(after any text rows), got {s}")
         text = s - self.num_tokens
         head = 0 if image_first else text
-        if len(xp.shape(self.representatives)) == 1:
+        if self._rep_rank is None:
+            self._rep_rank = len(xp.shape(self.representatives))
+        if self._rep_rank == 1:
             if text == 0:
                 return xp.take(table, self.representatives, axis)
             rest = xp.arange(text, self.representatives) + (self.num_tokens if image_first else 0)
             parts = [self.representatives, rest] if image_first else [rest, self.representatives + head]
             return xp.take(table, xp.concat(parts, 0), axis)
-        return self._gather_sample_rows(table, axis, head, text - head)
+        return self._gather_sample_rows(table, axis, head, text - head, shape)
 
-    def _gather_sample_rows(self, table: Any, axis: int, head: int, after: int = 0) -> Any:
+    def _sample_rows(self, head: int, after: int) -> Any:
+        """[B, head + M + after]: each sample's rows of a per-token table, `head` text rows before the image's and
+        `after` after them; built once per merge (a block's sites and its (cos, sin) share it)."""
+        key = (head, after)
+        rows = self._row_index.get(key)
+        if rows is None:
+            xp, b = self._xp, self.batch
+            rows = self.representatives + head if head else self.representatives  # [B, M]
+            if head:
+                text = xp.broadcast_to(xp.reshape(xp.arange(head, rows), [1, head]), [b, head])
+                rows = xp.concat([text, rows], 1)
+            if after:  # text rows after the image's
+                text = xp.broadcast_to(xp.reshape(xp.arange(after, rows) + self.num_tokens, [1, after]), [b, after])
+                rows = xp.concat([rows, text], 1)
+            self._row_index[key] = rows
+        return rows
+
+    def _gather_sample_rows(self, table: Any, axis: int, head: int, after: int = 0, shape: Any = None) -> Any:
         xp, b = self._xp, self.batch
-        shape = list(xp.shape(table))
+        shape = list(xp.shape(table) if shape is None else shape)
         s, rest = shape[axis], shape[axis + 1:]
-        rows = self.representatives + head  # [B, M]
-        if head:
-            text = xp.broadcast_to(xp.reshape(xp.arange(head, rows), [1, head]), [b, head])
-            rows = xp.concat([text, rows], 1)
-        if after:  # text rows after the image's
-            text = xp.broadcast_to(xp.reshape(xp.arange(after, rows) + self.num_tokens, [1, after]), [b, after])
-            rows = xp.concat([rows, text], 1)
-        kept = xp.shape(rows)[1]
+        rows = self._sample_rows(head, after)
+        kept = head + self.num_merged + after
         if axis == 0:
             return xp.reshape(xp.take(table, xp.reshape(rows, [b * kept]), 0), [b, kept] + rest)
         lead = shape[:axis]
         if lead[0] not in (1, b):
             raise ValueError(f"per-sample rows need a table [B or 1, ..., S, ...] with rows along axis {axis}, got "
                              f"{shape} for a batch of {b}")
+        inner = math.prod(lead[1:])
+        if lead[0] == 1 and inner == 1:  # one table for every sample (Wan's [1, S, 1, D]): one gather of its rows
+            return xp.reshape(xp.take(xp.reshape(table, [s] + rest), xp.reshape(rows, [b * kept]), 0),
+                              [b] + lead[1:] + [kept] + rest)
         # Axes between the batch and the rows (LTX-2's heads, or 1s) take their sample's rows each: one index over
         # the table flattened to [B * inner * S, ...], block (k, j) starting at (k * inner + j) * s.
-        inner = math.prod(lead[1:])
         flat = xp.reshape(xp.broadcast_to(table, [b] + lead[1:] + shape[axis:]), [b * inner * s] + rest)
         starts = xp.reshape(xp.arange(b * inner * s, rows, step=s), [b, inner, 1])
         index = xp.reshape(rows, [b, 1, kept]) + starts  # [B, inner, kept]

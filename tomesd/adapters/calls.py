@@ -21,7 +21,7 @@ class CallState:
 
     __slots__ = ("grid", "coords", "ids", "tail", "head", "timestep", "key", "draws", "finest_level", "merges",
                  "pending", "shared", "step", "ratio", "watch", "band", "restore", "restoring", "unified", "partitions",
-                 "memo", "idle")
+                 "memo", "idle", "outer", "grid_tokens")
 
     def __init__(self) -> None:
         # The layout's reading of this call's token grid, from shapes only (layouts.py): the latent's
@@ -31,6 +31,7 @@ class CallState:
         # Per-token grid coordinates on the device, made by the call's first block from `grid` (Flux, Wan,
         # CogVideoX): (rows, cols) or (frames, rows, cols).
         self.coords: Optional[Tuple[Any, ...]] = None
+        self.grid_tokens: Optional[int] = None  # the tokens `coords` give (their length), once read
         self.ids: Any = None  # Flux: the ids tensor itself, which tells grids of one token count apart
         self.tail = 0  # reference tokens after the image's, passed whole (references.py: Flux Kontext)
         self.head = 0  # condition tokens before the image's in a block's input, passed whole (Framepack's history)
@@ -47,6 +48,7 @@ class CallState:
         # Blocks the layout found at a level ToMe never merges (the UNets' level rule): their hooks come off
         # after the call (ToMePatch.park)
         self.idle: List[int] = []
+        self.outer: Optional["CallState"] = None  # the call this one runs inside (CallStacks.current after it)
         self.finest_level: Optional[int] = None  # UNets: level of the call's first attention block
         self.merges: Dict[int, BlockMerge] = {}
         self.pending: Dict[int, Tuple[Any, Any, bool]] = {}  # block -> (block, its input, grad mode), until used
@@ -77,18 +79,61 @@ class _ThreadCalls(threading.local):
 
 
 class CallStacks:
-    """The stack of calls in flight: one per thread in eager mode, one plain list while a graph is traced."""
+    """The stack of calls in flight: one per thread in eager mode, one plain list while a graph is traced.
+
+    Every hook of every block asks for the current call, so the common case costs no question to the host:
+    while one thread alone runs the patch, `current` is its innermost call (set and restored around each call,
+    traced or not). Calls from a second thread at once mark the stacks `shared` until none is left, and then
+    each hook finds its own thread's call (`top`)."""
 
     def __init__(self, host: Any) -> None:
         self.host = host
-        self._compiling = host.is_compiling  # the per-call path's one question to the host
+        self._compiling = host.is_compiling
         self._threads = _ThreadCalls()
         self._traced: List[CallState] = []
+        self.current: Optional[CallState] = None
+        self.shared = False
+        self._active = 0  # eager calls in flight, every thread
+        self._owner: Optional[int] = None  # the thread they belong to while not shared
+        self._lock = threading.Lock()
 
-    def current(self) -> List[CallState]:
+    def push(self, call: CallState, eager: bool) -> None:
+        call.outer = self.current
+        if not eager:
+            self._traced.append(call)
+            self.current = call
+            return
+        self._threads.stack.append(call)
+        with self._lock:
+            thread = threading.get_ident()
+            if self._active and thread != self._owner:
+                self.shared = True
+            self._active += 1
+            self._owner = thread if self._active == 1 else self._owner
+            if not self.shared:
+                self.current = call
+
+    def pop(self) -> Optional[CallState]:
+        if self._compiling():
+            call = self._traced.pop() if self._traced else None
+            self.current = None if call is None else call.outer
+            return call
+        stack = self._threads.stack
+        call = stack.pop() if stack else None
+        with self._lock:
+            self._active = max(self._active - 1, 0)
+            if not self._active:
+                self.shared, self._owner, self.current = False, None, None
+            elif not self.shared and call is not None:
+                self.current = call.outer
+        return call
+
+    def current_stack(self) -> List[CallState]:
         return self._traced if self._compiling() else self._threads.stack
 
     def top(self) -> Optional[CallState]:
+        if not self.shared:
+            return self.current
         stack = self._traced if self._compiling() else self._threads.stack
         return stack[-1] if stack else None
 

@@ -7,6 +7,7 @@ module twice at a window's first step), and DispatchRestore runs the last kind's
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional
 
 from . import key_weights, restore
@@ -95,8 +96,9 @@ class DownsampleDispatch(SiteHook):
             self.patch.seam.arm(DispatchRestore(self, kept[1], restore._key(self, module, 0, call.restore.ordinal),
                                                 call.restore))
         elif down is not None:
-            self.patch.seam.arm(lambda backend_kwargs: self._shrink(down, backend_kwargs))
-            weigh_downsampled(self.patch, down, False)
+            self.patch.seam.arm(functools.partial(self._shrink, down))
+            if self.patch.key_seam is not None:
+                weigh_downsampled(self.patch, down, False)
 
     def post(self, module: Any, args: tuple, output: Any) -> None:
         if not self.patch.seam.disarm():
@@ -108,29 +110,37 @@ class DownsampleDispatch(SiteHook):
 
     def _shrink(self, down: Any, kwargs: dict) -> dict:
         """The backend's keyword arguments with the image rows (the last N) of keys and values downsampled."""
-        name = f"{self.patch.kind_names[self.index]}.{self.attention}"
-        if kwargs.get("attn_mask") is not None:
-            raise ValueError(f"{MASKED_DOWNSAMPLE} ({name}); use mode='merge'")
-        if kwargs.get("_parallel_config") is not None:
-            raise ValueError(
-                f"mode='downsample' does not run under diffusers' context parallelism ({name}): each rank holds "
-                f"part of the keys; run the model on one process or without ToMe there")
+        if kwargs.get("attn_mask") is not None or kwargs.get("_parallel_config") is not None:
+            self._refuse(kwargs)
         key, value = kwargs["key"], kwargs["value"]
-        n, shape = down.num_tokens, self.patch.xp.shape
-        if shape(key)[1] < n or shape(value)[1] != shape(key)[1]:
+        n, k, v = down.num_tokens, key.shape, value.shape  # key.shape: the host's tensors' own (no framework call)
+        if len(k) != 4 or k[1] < n or tuple(v[:2]) != tuple(k[:2]):
+            shape = self.patch.xp.shape
             raise ValueError(
-                f"mode='downsample' expected {name}'s keys and values to end with the {n} image tokens "
+                f"mode='downsample' expected {self._name()}'s keys and values to end with the {n} image tokens "
                 f"[B, S, heads, dim], got {list(shape(key))} and {list(shape(value))}; use mode='merge'")
         call = self.patch.calls.top()
-        small_key = self._timed(call, "downsample", _shrink_tail, self.patch.xp, down, key, n)
-        text = shape(key)[1] - n
         if call is not None and call.watch is not None:
+            small_key = self._timed(call, "downsample", down.shrink_tail, key)
+            text = k[1] - n
             self._record(call, "downsample", key[:, text:], small_key[:, text:])
+            small_value = self._timed(call, "downsample", down.shrink_tail, value)
+        else:
+            small_key, small_value = down.shrink_tail(key), down.shrink_tail(value)
         if self.patch.seam.observers and not self.patch.host.is_compiling():
             for observe in self.patch.seam.observers:
                 observe(n, down.num_kept)
-        return {**kwargs, "key": small_key,
-                "value": self._timed(call, "downsample", _shrink_tail, self.patch.xp, down, value, n)}
+        return {**kwargs, "key": small_key, "value": small_value}
+
+    def _name(self) -> str:
+        return f"{self.patch.kind_names[self.index]}.{self.attention}"
+
+    def _refuse(self, kwargs: dict) -> None:
+        if kwargs.get("attn_mask") is not None:
+            raise ValueError(f"{MASKED_DOWNSAMPLE} ({self._name()}); use mode='merge'")
+        raise ValueError(
+            f"mode='downsample' does not run under diffusers' context parallelism ({self._name()}): each rank holds "
+            f"part of the keys; run the model on one process or without ToMe there")
 
 
 class DispatchRestore:
@@ -158,14 +168,6 @@ class DispatchRestore:
         if found is None or found[0] != restoring.window or patch.xp.shape(found[1]) != patch.xp.shape(out):
             return out
         return out + found[1]
-
-
-def _shrink_tail(xp: Any, down: Any, x: Any, n: int) -> Any:
-    """[B, S, heads, dim] rows whose last n are the image's: those downsampled, the others (text) kept."""
-    b, s, heads, dim = xp.shape(x)
-    image = down(xp.reshape(x[:, s - n:], [b, n, heads * dim]))
-    image = xp.reshape(image, [b, down.num_kept, heads, dim])
-    return image if s == n else xp.concat([x[:, :s - n], image], 1)
 
 
 def weigh_downsampled(patch: Any, down: Any, image_keys_first: bool) -> None:

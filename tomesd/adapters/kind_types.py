@@ -23,6 +23,9 @@ class Sublayer:
     # text rows)): it follows the merged tokens, the others stay. None: every table of the input is per token.
     rotary_item: Optional[int] = None
     rotates: str = ""  # how its processor applies rows with no batch axis, where the dispatch can do it (ROTATIONS)
+    # Its diffusers processor skips the rotation when given no rows (Flux's, Flux.2's): rows rotating at the dispatch
+    # give it None rather than identity rows, which it would apply to every query and key for nothing.
+    rows_optional: bool = False
     # Where its attention's keys hold the merged image keys: at the end of the key sequence (alone, or after text:
     # Flux's [text, image]), or at its start (True: SD3's [image, text]). Read for proportional attention, and for
     # rotary rows over image and text (True: HiDream's [image, text] rows, the image's first).
@@ -52,6 +55,7 @@ class Span:
     rotary: str = "image_rotary_emb"
     rotary_axis: int = 0  # the token axis of those rows
     rotates: str = ""  # as Sublayer.rotates
+    rows_optional: bool = False  # as Sublayer.rows_optional
     # The module whose own forward calls the attention (proportional attention weighs its keys there); None: the
     # attention is a function called between the span's start and its first end (Black Forest Labs' layout).
     attention_call: Optional[str] = None

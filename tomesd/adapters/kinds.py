@@ -79,7 +79,7 @@ BLOCK_KINDS: Dict[str, BlockKind] = {
         BlockKind(
             "FluxTransformerBlock",
             sublayers=(Sublayer("attn", "merge_attn", tokens=("hidden_states",), outputs=(0, 2),
-                                rotary="image_rotary_emb", rotates="cos_sin"),
+                                rotary="image_rotary_emb", rotates="cos_sin", rows_optional=True),
                        Sublayer("ff", "merge_mlp")),
             downsample=(Downsample("attn", "dispatch"),),
         ),
@@ -90,7 +90,7 @@ BLOCK_KINDS: Dict[str, BlockKind] = {
             sublayers=(),
             downsample=(Downsample("attn", "dispatch"),),
             spans=(Span("norm", 0, ("proj_out",), "merge_attn", attention="attn", rotary_at="attn", rotates="cos_sin",
-                        attention_call="attn"),),
+                        attention_call="attn", rows_optional=True),),
         ),
         # Wan 2.1 / 2.2: self-attention over every frame's image tokens, its rotary rows [1, S, 1, D] (frame,
         # row and column positions) applied inside the processor; cross-attention to the text (and, for
@@ -154,7 +154,7 @@ BLOCK_KINDS: Dict[str, BlockKind] = {
         BlockKind(
             "Flux2TransformerBlock",
             sublayers=(Sublayer("attn", "merge_attn", tokens=("hidden_states",), outputs=(0,),
-                                rotary="image_rotary_emb", rotates="cos_sin"),
+                                rotary="image_rotary_emb", rotates="cos_sin", rows_optional=True),
                        Sublayer("ff", "merge_mlp")),
             downsample=(Downsample("attn", "dispatch"),),
         ),
@@ -168,7 +168,7 @@ BLOCK_KINDS: Dict[str, BlockKind] = {
             sublayers=(),
             downsample=(Downsample("attn", "dispatch"),),
             spans=(Span("norm", None, ("attn",), "merge_attn", attention="", rotary_at="attn", rotates="cos_sin",
-                        attention_call="attn"),),
+                        attention_call="attn", rows_optional=True),),
         ),
         # CogView4: joint attention over [text, image] given the image as hidden_states, returning (image, text),
         # its image queries and keys rotated by rows [image, D] inside the processor (no dispatch). The block's

@@ -32,6 +32,7 @@ def _config(root: Any, key: str) -> Any:
 
 class Layout:
     one_grid = True  # every block sees one grid (blocks are chosen by index, not by level)
+    plans_by_grid = False  # whether `plan` reads call.grid (the matcher keeps plans by what they read)
     frames_in_sequence = False  # st (a dst stride along time) applies
     latent_dims = 4
     # How the band rule (bands.py) can split this layout's tokens: "" (not at all), "rows" (bands of whole rows of
@@ -81,6 +82,7 @@ class Layout:
 
 class Levels(Layout):
     one_grid = False
+    plans_by_grid = True
     bands = ""
 
     def __init__(self, root: Any, kind: RootKind, xp: Any) -> None:
@@ -113,6 +115,8 @@ class Levels(Layout):
 
 
 class Patches(Layout):
+    plans_by_grid = True
+
     def __init__(self, root: Any, kind: RootKind, xp: Any, patch_size: int) -> None:
         super().__init__(root, kind, xp)
         self.patch_size = patch_size
@@ -141,7 +145,10 @@ class _Coordinates(Layout):
     def image_tokens(self, call: Any, x: Any, index: int = 0) -> Any:
         if call.coords is None:
             call.coords = self._coords(call, x)
-        n, s = self.xp.shape(call.coords[0])[0], self.xp.shape(x)[1]
+        n = call.grid_tokens
+        if n is None:  # the grid's token count, read once a call
+            n = call.grid_tokens = self.xp.shape(call.coords[0])[0]
+        s = self.xp.shape(x)[1]
         band, tail = call.band, call.tail  # tail: reference tokens after the image's (references.py)
         if band is None or band.index is None:
             if s < n + tail:

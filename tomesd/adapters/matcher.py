@@ -32,13 +32,14 @@ class Matcher:
         self.steps_reused, self.reuses, self.seed = args.steps_reused, args.reuses, args.rand_seed
         self.steps = TimestepSteps()  # a bare model's steps and kept matchings (reuse_steps > 1)
         self.memo: Dict[Any, Any] = {}  # index constants by shape and device, for eager calls (CallState.memo)
+        self.plans: Dict[Any, Any] = {}  # each block's plan by the shapes it was made for (_plan)
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "memo": {}}  # copies build their own constants
+        return {**self.__dict__, "memo": {}, "plans": {}}  # copies build their own constants and plans
 
     def reset(self) -> None:
         self.steps = TimestepSteps()  # drops this patch's kept matchings in every thread
-        self.memo = {}
+        self.memo, self.plans = {}, {}
 
     def denoising_step(self, timestep: Any) -> int:
         """This thread's denoising step number on a bare model: it advances when the timestep's value changes."""
@@ -82,7 +83,7 @@ class Matcher:
         batch, num_tokens = patch.xp.shape(x)[:2]
         # Every band this process matches (bands=P on one process) is planned as one band: its share of r.
         bands = call.band.count if call.band is not None and call.band.index is None else 1
-        plan = patch.layout.plan(args, call, batch, num_tokens // bands, index, bands)
+        plan = self._plan(index, call, batch, num_tokens // bands, bands)
         if plan is None:
             return None
         if args.mode == "downsample":
@@ -96,8 +97,9 @@ class Matcher:
             if key not in call.shared:  # the same index map for every block of the level
                 call.shared[key] = compute_downsample(
                     patch.xp, x, batch, w, h, args.downsample_factor, args.downsample_method, frames)
-                self._note(call, index, computed=1)
-            else:
+                if call.watch is not None:
+                    self._note(call, index, computed=1)
+            elif call.watch is not None:
                 self._note(call, index, reused=1)
             return call.shared[key]
         if args.merge_mlp and getattr(block, "_chunk_size", None) is not None:
@@ -113,6 +115,29 @@ class Matcher:
         merge = self._kept_or_matched(index, key, x, plan, call, grad)
         call.shared[key] = merge
         return merge
+
+    def _plan(self, index: int, call: CallState, batch: int, num_tokens: int, bands: int) -> Any:
+        """The layout's plan of block `index`, kept by everything it reads (the settings are the patch's): the same
+        shapes plan alike at every call, so the plan is made once per block and shape, not per call."""
+        layout = self.patch.layout
+        key = (index, batch, num_tokens, bands, call.ratio, call.finest_level, call.grid if layout.plans_by_grid else None)
+        try:
+            kept = self.plans.get(key)
+        except TypeError:  # a grid that is no plain tuple of ints: planned anew
+            key, kept = None, None
+        if kept is None:
+            idle = len(call.idle)
+            plan = layout.plan(self.patch.args, call, batch, num_tokens, index, bands)
+            kept = (plan, call.finest_level, len(call.idle) > idle)
+            if key is not None:
+                if len(self.plans) > 65536:  # a ratio schedule's every ratio: bounded all the same
+                    self.plans.clear()
+                self.plans[key] = kept
+            return plan
+        plan, call.finest_level, idle = kept
+        if idle:
+            call.idle.append(index)
+        return plan
 
     def _kept_or_matched(self, index: int, key: Any, x: Any, plan: Any, call: CallState, grad: bool) -> Any:
         """Kept across calls only when steps are reused (share_across_blocks alone lives within a call), and

@@ -60,8 +60,7 @@ class RootHooks:
         self.patch.enter_root(module, args, kwargs)
 
     def post(self, module: Any, args: tuple, output: Any) -> None:
-        stack = self.patch.calls.current()
-        call = stack.pop() if stack else None
+        call = self.patch.calls.pop()
         if call is not None and call.idle and not self.patch.host.is_compiling():
             self.patch.park(call.idle)
         for seam in (self.patch.seam, self.patch.key_seam, self.patch.call_seam):
@@ -100,6 +99,7 @@ class ToMePatch:
         self.bands = args.bands or 1
         self.downsampling = args.mode == "downsample"
         self.parked: set = set()  # blocks whose hooks park() took off
+        self.checked_processors: dict = {}  # (block, attention) -> the processor downsampling last found fit
         self._init_runtime()
 
     def _init_runtime(self) -> None:
@@ -191,9 +191,9 @@ class ToMePatch:
     # ---- a call ----
     def enter_root(self, module: Any, args: tuple, kwargs: dict) -> None:
         host, call = self.host, CallState()
-        # Pushed before any error: the always-called exit hook pops it even when this hook raises.
-        self.calls.current().append(call)
         eager = not host.is_compiling()
+        # Pushed before any error: the always-called exit hook pops it even when this hook raises.
+        self.calls.push(call, eager)
         if eager:
             call.memo = self.matcher.memo  # index constants kept across calls (a traced call builds its own)
             if self.observers:
@@ -238,10 +238,14 @@ class ToMePatch:
         if call is None:
             return  # replayed by checkpointing: the sub-layers use the replay record
         if self.downsampling:
+            checked = self.checked_processors
             for way in self.kinds[index].downsample:
-                attn = getattr(block, way.attention, None)
-                if attn is not None:  # the processor may have been swapped after apply_patch
+                attn = block._modules.get(way.attention) if hasattr(block, "_modules") else None
+                attn = attn if attn is not None else getattr(block, way.attention, None)
+                # The processor may have been swapped after apply_patch: checked again whenever it is another one.
+                if attn is not None and checked.get((index, way.attention)) is not attn.__dict__.get("processor", attn):
                     guards.check_downsample_way(attn, way, type(block).__name__, self.host)
+                    checked[(index, way.attention)] = attn.__dict__.get("processor", attn)
         call.merges.pop(index, None)
         # The grad mode is taken here: LDM's checkpointing runs the block's body under no_grad inside a
         # block entered with gradients on, and training (replay kept, nothing reused) is decided by the latter.

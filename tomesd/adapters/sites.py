@@ -12,7 +12,7 @@ from typing import Any, Optional, Tuple
 
 from . import key_weights, restore
 from .guards import MASKED_SELF_ATTENTION
-from .kinds import Span, Sublayer
+from .kinds import Span, Sublayer, sublayer
 from .signatures import InputSpec
 
 
@@ -79,7 +79,7 @@ class MergeSite(SiteHook):
         if self.rotary is not None:
             rows = self.rotary.get(args, kwargs)
             if rows is not None:
-                rows = self._follow(merge, rows)
+                rows = self._follow(merge, rows, module)
                 args, kwargs = self.rotary.replace(args, kwargs, rows)
         mask = None if self.mask is None else self.mask.get(args, kwargs)
         if mask is not None and not self.mask_axes:
@@ -104,10 +104,11 @@ class MergeSite(SiteHook):
                 args, kwargs = spec.replace(args, kwargs, merged)
         return self.spec.replace(args, kwargs, merged)
 
-    def _follow(self, merge: Any, rows: Any) -> Any:
+    def _follow(self, merge: Any, rows: Any, module: Any = None) -> Any:
         layer, item = self.layer, self.layer.rotary_item
         if item is None:
-            return follow_rotary(self, merge, rows, layer.rotary_axis, layer.rotates, layer.image_keys_first)
+            return follow_rotary(self, merge, rows, layer.rotary_axis, layer.rotates, layer.image_keys_first,
+                                 layer.rows_optional and own_processor(module))
         image = follow_rotary(self, merge, rows[item], layer.rotary_axis, layer.rotates)
         return tuple(image if i == item else table for i, table in enumerate(rows))  # the text's rows stay
 
@@ -127,22 +128,32 @@ def gather_rotary(merge: Any, rows: Any, axis: int, image_first: bool = False) -
     if isinstance(rows, dict):
         return {name: gather_rotary(merge, table, axis, image_first) for name, table in rows.items()}
     if isinstance(rows, (tuple, list)):
-        return tuple(merge.gather_rows(table, axis, image_first) for table in rows)
+        gathered = []
+        for table in rows:
+            gathered.append(merge.gather_rows(table, axis, image_first))
+        return tuple(gathered)
     return merge.gather_rows(rows, axis, image_first)
 
 
-def follow_rotary(hook: SiteHook, merge: Any, rows: Any, axis: int, rotates: str, image_first: bool = False) -> Any:
+def own_processor(module: Any) -> bool:
+    """Whether `module`'s attention processor is its library's own (diffusers'), not one set by a user."""
+    return type(getattr(module, "processor", None)).__module__.startswith("diffusers.")
+
+
+def follow_rotary(hook: SiteHook, merge: Any, rows: Any, axis: int, rotates: str, image_first: bool = False,
+                  optional: bool = False) -> Any:
     """The rows the attention about to run takes for the merged tokens. A matching per sample gives each sample
     its own rows: a table with no batch axis ([S, D], axis 0) takes its one sample's rows for a batch of one;
-    for more, the processor gets identity rows and the attention dispatch, armed here, rotates each sample by
-    its own (kinds.ROTATIONS; the site's post-hook checks the dispatch took them)."""
+    for more, the processor gets identity rows (None where it skips the rotation then: `optional`) and the
+    attention dispatch, armed here, rotates each sample by its own (kinds.ROTATIONS; the site's post-hook checks
+    the dispatch took them)."""
     gathered = gather_rotary(merge, rows, axis, image_first)
     xp = hook.patch.xp
     if axis != 0 or len(xp.shape(merge.representatives)) == 1:  # rows with a batch axis (axis < 0: from the end)
         return gathered
     if merge.batch == 1:
         return tuple(table[0] for table in gathered) if isinstance(gathered, tuple) else gathered[0]
-    identity, rotate = hook.patch.host.rotation_at_dispatch(rotates, gathered, image_first)
+    identity, rotate = hook.patch.host.rotation_at_dispatch(rotates, gathered, image_first, identity=not optional)
     hook.patch.seam.arm(rotate)
     return identity
 
@@ -206,6 +217,24 @@ class SpanStart(_SpanHook):
     """A span's start: the image tokens (the last N, or the first N: Span.image_first) of this sub-layer's output
     merge."""
 
+    def __init__(self, patch: Any, index: int, span: Span) -> None:
+        super().__init__(patch, index, span)
+        self._caches_seen: Any = None  # the diffusers hooks on the span's attention when last looked at
+        self._attention: Any = None  # that attention, found at the first call
+
+    def _cache_changed(self) -> bool:
+        """Whether the diffusers hooks on the span's attention differ from the last call's (a step cache added or
+        removed since): only then is the cache's seat looked at again."""
+        attention = self._attention
+        if attention is None:
+            attention = self._attention = sublayer(self.patch.blocks[self.index], self.span.attention)
+        registry = getattr(attention, "__dict__", {}).get("_diffusers_hook")
+        seen = (registry, tuple(getattr(registry, "hooks", None) or ()))
+        if seen == self._caches_seen:
+            return False
+        self._caches_seen = seen
+        return True
+
     def post(self, module: Any, args: tuple, output: Any) -> Any:
         position = self.span.start_output
         tokens = output if position is None else output[position]
@@ -213,8 +242,8 @@ class SpanStart(_SpanHook):
         merge = self.patch.call_merge(call, self.index, self.span.flag, tokens)
         if merge is None:
             return None
-        if not self.patch.host.is_compiling():
-            self.patch.seat_span_cache(self.index, self.span)  # a cache added after the patch
+        if self._cache_changed() and not self.patch.host.is_compiling():
+            self.patch.seat_span_cache(self.index, self.span)  # a cache added or removed after the patch
         merged = self._along_tokens(call, "merge", _merge_fn(merge, self.span), tokens)
         self._record(call, self.span.flag, tokens, merged)
         if position is None:
@@ -259,7 +288,8 @@ class SpanRotary(_SpanHook):
         rows = self.spec.get(args, kwargs)
         if merge is None or rows is None:
             return None
-        rows = follow_rotary(self, merge, rows, self.span.rotary_axis, self.span.rotates, self.span.image_first)
+        rows = follow_rotary(self, merge, rows, self.span.rotary_axis, self.span.rotates, self.span.image_first,
+                             self.span.rows_optional and own_processor(module))
         return self.spec.replace(args, kwargs, rows)
 
     def post(self, module: Any, args: tuple, output: Any) -> None:

@@ -196,9 +196,10 @@ class TorchHost:
         """This process's band of `root`'s tokens under diffusers' context parallelism, or None."""
         return torch_parallel.context_split(root)
 
-    def rotation_at_dispatch(self, how: str, rows: Any, image_first: bool = False) -> Any:
-        """(identity rows for the processor, the dispatch's rewrite rotating by per-sample `rows`): torch_dispatch.py."""
-        return torch_dispatch.rotation_at_dispatch(how, rows, image_first)
+    def rotation_at_dispatch(self, how: str, rows: Any, image_first: bool = False, identity: bool = True) -> Any:
+        """(identity rows for the processor, or None without `identity`; the dispatch's rewrite rotating by
+        per-sample `rows`): torch_dispatch.py."""
+        return torch_dispatch.rotation_at_dispatch(how, rows, image_first, identity)
 
     def dispatches(self, processor: Any) -> bool:
         """Whether `processor` calls diffusers' attention dispatch (so the seam sees its keys)."""

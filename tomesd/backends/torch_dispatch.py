@@ -98,7 +98,8 @@ class _Wrapped:
 
     def __call__(self, **kwargs: Any) -> Any:
         arming = self.seam.armed()
-        if arming is not None and arming.take():  # one attention per arming: an IP-Adapter's second stays whole
+        if arming is not None and arming.left > 0:  # one attention per arming: an IP-Adapter's second stays whole
+            arming.left -= 1
             return _run(arming.rewrite, self.fn, kwargs)
         return self.fn(**kwargs)
 
@@ -131,13 +132,14 @@ def dispatches(processor: Any) -> bool:
     return module is not None and callable(getattr(module, "dispatch_attention_fn", None))
 
 
-def rotation_at_dispatch(how: str, rows: Any, image_first: bool = False) -> Tuple[Any, KeyValues]:
+def rotation_at_dispatch(how: str, rows: Any, image_first: bool = False, identity: bool = True) -> Tuple[Any, KeyValues]:
     """Per-sample rotary rows for a processor that takes rows with no batch axis: (rows that leave its queries
     and keys as they are, the rewrite that rotates them by each sample's rows at the dispatch). The rewrite
     calls the host's own rotation with the batch folded into the sequence, so each element is computed as the
     host computes it; the identity rows (cos 1, sin 0) change no bit (x * 1 + y * 0 == x). image_first: the rows
     are the image's only and the dispatch gets [image, text] (HunyuanVideo 1.5 rotates the image before joining
-    the text): its first tokens rotate, the text's stay."""
+    the text): its first tokens rotate, the text's stay. Without `identity`, None for a processor that skips the
+    rotation when given no rows."""
     if how != "cos_sin":
         raise ValueError(f"no rotation at the attention dispatch is known as {how!r}")
     from diffusers.models.embeddings import apply_rotary_emb
@@ -159,4 +161,4 @@ def rotation_at_dispatch(how: str, rows: Any, image_first: bool = False) -> Tupl
             out[name] = torch.cat([rotated, whole[:, length:]], dim=1) if x is not whole else rotated
         return out
 
-    return (torch.ones_like(cos[0]), torch.zeros_like(sin[0])), rotate
+    return ((torch.ones_like(cos[0]), torch.zeros_like(sin[0])) if identity else None), rotate

@@ -8,5 +8,4 @@ from .seam import Seam as _Seam
 
 
 class Seam(_Seam):
-    def _compiling(self) -> bool:
-        return torch.compiler.is_compiling()
+    _compiling = staticmethod(torch.compiler.is_compiling)

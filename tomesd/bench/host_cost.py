@@ -17,6 +17,7 @@ _NO_KERNEL = frozenset({
     "aten.empty.memory_format", "aten.empty_strided.default", "aten.empty_like.default", "aten.detach.default",
     "aten.lift_fresh.default", "aten.sym_size.int", "aten.sym_stride.int", "aten.sym_numel.default",
     "aten.is_same_size.default", "aten.set_.source_Storage_storage_offset", "aten._local_scalar_dense.default",
+    "aten._unsafe_view.default",
 })
 
 
