@@ -100,6 +100,17 @@ def table(rows: List[Any], reference_name: str) -> str:
         if compiled:
             line += " - |" if row.compile_s is None else f" {row.compile_s:.2f} |"
         lines.append(line)
+    counted = [row for row in rows if getattr(row, "launches", None) is not None]
+    if counted:
+        lines += ["", "Host work of one eager forward (kernel launches = aten ops, views left out; Python calls = "
+                  "functions called), and what ToMe adds per block it reduces:", "",
+                  "| configuration | launches | Python calls | reduced blocks | + launches per block | "
+                  "+ Python calls per block |", "|---|---|---|---|---|---|"]
+        for row in counted:
+            per = ("-", "-") if row.added_launches_per_block is None else (
+                f"{row.added_launches_per_block:.1f}", f"{row.added_python_calls_per_block:.1f}")
+            lines.append(f"| {label(row, reference_name)} | {row.launches:,} | {row.python_calls:,} | "
+                         f"{row.reduced_blocks if row.reduced_blocks is not None else '-'} | {per[0]} | {per[1]} |")
     for row in rows:
         if getattr(row, "restore_sites", None):
             what = "downsampled attention" if row.mode == "downsample-restore" else "merging site"

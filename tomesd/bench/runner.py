@@ -101,6 +101,13 @@ class Row:
     flop_speedup: Optional[float] = None  # the baseline's flops over this row's (flops.py: a yardstick, not a bound)
     restore_bytes: Optional[int] = None  # merge-/downsample-restore: the residuals kept after the loop, all sites and calls
     restore_sites: Optional[int] = None  # ... in this many tensors (one per site, output and call of a step)
+    # One eager forward's host work (host_cost.py): kernel launches (aten ops, views left out) and Python calls, the
+    # blocks it reduced, and what it adds to the baseline's per reduced block (None: compiled, or not counted)
+    launches: Optional[int] = None
+    python_calls: Optional[int] = None
+    reduced_blocks: Optional[int] = None
+    added_launches_per_block: Optional[float] = None
+    added_python_calls_per_block: Optional[float] = None
 
 
 def configurations(settings: Settings) -> List[Config]:
@@ -183,11 +190,24 @@ def _measure(settings: Settings, kit: Any, model: Any, loop: List[Tuple[Any, ...
                     compiled.pop(other, None)
             progress(1)
 
+    # Eager, a configuration keeping nothing across calls runs on a copy patched once (weights shared), as a user
+    # patches a model once and calls it at every step: its first call (a warm-up) plans its blocks and parks those
+    # it never reduces. The others are patched around each forward of the shared model.
+    kept: Dict[Config, Any] = {}
+    if not settings.compile and kit.name == "torch":
+        for cfg in configs:
+            if cfg.cache is None and cfg.method in ("tome", "reference") and cfg.reuse_steps == 1 \
+                    and cfg.mode in ("merge", "merge-mlp", "merge-prop", "downsample"):
+                kept[cfg] = kit.patched_copy(model, cfg, settings)
+
     @contextlib.contextmanager
     def prepared(cfg: Config) -> Iterator[Callable[[], Any]]:
-        """The forward of one configuration: the shared model under its patch, or its compiled copy."""
+        """The forward of one configuration: its patched copy, the shared model under its patch, or its compiled
+        copy."""
         if settings.compile:
             yield lambda: run_loop(compiled[cfg])
+        elif cfg in kept:
+            yield lambda: run_loop(kept[cfg])
         else:
             with kit.method(model, cfg, settings):
                 yield lambda: run_loop(model)
@@ -255,10 +275,39 @@ def _measure(settings: Settings, kit: Any, model: Any, loop: List[Tuple[Any, ...
             row.loop_change = statistics.fmean(_relative(o, b) for o, b in zip(outs, baseline_outs))
         if settings.compile:  # the compiled graph computes what the patched model computes
             row.compiled_vs_eager = _relative(compiled_out, out)
+    if not settings.compile and kit.name == "torch":
+        _count_host_work(rows, configs, prepared, kit, model, kept, inputs)
     base = rows[Config("baseline")]
     for row in rows.values():
         row.speedup = base.time_s / row.time_s
     return list(rows.values())
+
+
+def _count_host_work(rows: Dict[Config, Row], configs: List[Config], prepared: Any, kit: Any, model: Any,
+                     kept: Dict[Config, Any], inputs: Tuple[Any, ...]) -> None:
+    """Each configuration's launches and Python calls in one forward (host_cost.py), and what it adds to the
+    baseline's per block it reduces (the reference's blocks: ours at its ratio, which merge the same levels)."""
+    from .host_cost import host_work, reduced_blocks
+
+    for cfg in configs:
+        with prepared(cfg):
+            target = kept.get(cfg, model)
+            forward = lambda: kit.forward(target, inputs)  # noqa: E731
+            work = host_work(forward)
+            row = rows[cfg]
+            row.launches, row.python_calls = work.launches, work.python_calls
+            if cfg.method == "tome":
+                row.reduced_blocks = reduced_blocks(target, forward)
+    base = rows[Config("baseline")]
+    ours = {(r.ratio, r.cache): r.reduced_blocks for r in rows.values() if r.method == "tome" and r.mode == "merge"}
+    for cfg, row in rows.items():
+        blocks = row.reduced_blocks if cfg.method == "tome" else ours.get((cfg.ratio, cfg.cache))
+        if cfg.method == "baseline" or not blocks or row.launches is None:
+            continue
+        if cfg.method == "reference":
+            row.reduced_blocks = blocks
+        row.added_launches_per_block = round((row.launches - base.launches) / blocks, 1)
+        row.added_python_calls_per_block = round((row.python_calls - base.python_calls) / blocks, 1)
 
 
 def held_residuals(model: Any) -> Tuple[int, int]:
