@@ -149,13 +149,15 @@ class Matcher:
                 volume = math.prod(strides)  # a space-time cell's places span its frames too
                 offsets = self._offsets(index, x, n // volume, volume, call)  # the whole grid's draw
             per_sample = patch.per_sample
+            images = None if call.images is None else patch.host.on_device_of(call.images, x)
             if band is None:
-                merges = compute_coordinate_merges(xp, x, coords, strides, rs, offsets, per_sample=per_sample)
+                merges = compute_coordinate_merges(xp, x, coords, strides, rs, offsets, per_sample=per_sample,
+                                                   images=images)
             elif band.index is None:
-                merges = banded_coordinate_merges(xp, x, coords, strides, rs, offsets, band.count, per_sample)
+                merges = banded_coordinate_merges(xp, x, coords, strides, rs, offsets, band.count, per_sample, images)
             else:  # a context-parallel rank: its own band
                 merges = band_coordinate_merges(xp, x, coords, strides, rs, offsets,
-                                                band_range(n, band.count, band.index), per_sample)
+                                                band_range(n, band.count, band.index), per_sample, images)
         else:
             bands = 1 if band is None else band.count  # context parallelism is refused on grid layouts (guards)
             h = plan.h * bands
