@@ -11,6 +11,7 @@ from .matching import (
     compute_merges, compute_shared_merge, compute_shared_merges, coordinate_cells, coordinate_partition,
     coordinate_partitions, do_nothing, grid_partition, grid_partitions, num_cells,
 )
+from .images import image_cells, own_image
 from .bands import band_coordinate_merges, band_range, banded_coordinate_merges, banded_grid_merges, join_bands
 from .downsample import KVDownsample, compute_downsample
 from .rng import DEFAULT_SEED
@@ -51,7 +52,9 @@ __all__ = [
     "get_backend",
     "grid_partition",
     "grid_partitions",
+    "image_cells",
     "num_cells",
+    "own_image",
     "plan_grid_block",
     "plan_level_block",
     "register_backend",

@@ -31,21 +31,23 @@ def band_range(num_tokens: int, bands: int, index: int) -> Tuple[int, int]:
 
 
 def band_coordinate_merges(xp: Backend, metric: Any, coords: Sequence[Any], strides: Sequence[int], rs: Sequence[int],
-                           offsets: Optional[Any], band: Tuple[int, int], per_sample: bool = True,
+                           offsets: Optional[Any], band: Tuple[int, int], per_sample: bool = True, images: Any = None,
                            ) -> Optional[Dict[int, TokenMerge]]:
     """compute_coordinate_merges for the tokens of one band: `metric` [B, n, C] holds tokens [start, stop) of a
     sequence whose every token's coordinates are `coords` ([N] each), and `offsets` is the whole grid's dst
-    draw. Token ids of the merge (its rows, its representatives) count from the band's start."""
+    draw. Token ids of the merge (its rows, its representatives) count from the band's start. `images`: [N]
+    each token's image, when the sequence holds several (images.py)."""
     n = xp.shape(metric)[1]
     start, stop = band
     if stop - start != n:
         raise ValueError(f"a band of tokens [{start}, {stop}) holds {stop - start} tokens, got {n}")
-    return compute_coordinate_merges(xp, metric, coords, strides, rs, offsets, band=band, per_sample=per_sample)
+    return compute_coordinate_merges(xp, metric, coords, strides, rs, offsets, band=band, per_sample=per_sample,
+                                     images=None if images is None else images[start:stop])
 
 
 def banded_coordinate_merges(xp: Backend, metric: Any, coords: Sequence[Any], strides: Sequence[int],
                              rs: Sequence[int], offsets: Optional[Any], bands: int, per_sample: bool = True,
-                             ) -> Optional[Dict[int, TokenMerge]]:
+                             images: Any = None) -> Optional[Dict[int, TokenMerge]]:
     """The band rule on one process: `metric` [B, N, C] in `bands` bands, each matched on its own
     (band_coordinate_merges), joined into one merge per r."""
     n = xp.shape(metric)[1]
@@ -53,7 +55,7 @@ def banded_coordinate_merges(xp: Backend, metric: Any, coords: Sequence[Any], st
     for index in range(bands):
         start, stop = band_range(n, bands, index)
         per_band.append(band_coordinate_merges(xp, metric[:, start:stop], coords, strides, rs, offsets, (start, stop),
-                                               per_sample))
+                                               per_sample, images))
     return _join_each(xp, per_band)
 
 

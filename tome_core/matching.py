@@ -8,6 +8,7 @@ from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple
 
 from . import rng
 from .backend import Backend, get_backend
+from .images import own_image
 from .token_merge import TokenMerge
 
 
@@ -112,19 +113,23 @@ def compute_merges(xp: Backend, metric: Any, w: int, h: int, sx: int, sy: int, r
 class Matching:
     """The bipartite matching of a partition (order: src token ids, then dst ones; position: its inverse):
     each src token's best dst and its place in the most-similar-first order. Merging r tokens takes the
-    first r edges of that order, so one matching serves every r (per-site ratios share it).
+    first r edges of that order, so one matching serves every r (per-site ratios share it). `images`: each token's
+    image in the partition's order ([N], src then dst; images.py), when the tokens hold several: a src token then
+    matches its own image's dst only.
 
     Six kernels match and six more build a merge's index map; what depends only on the shapes (each sample's
     row offsets, the unmerged and dst rows' numbers) comes from `memo`, a dict the caller keeps across blocks
     and calls (None: built here)."""
 
     def __init__(self, xp: Backend, metric: Any, order: Any, position: Any, num_dst: int,
-                 memo: Optional[Dict[Any, Any]] = None):
+                 memo: Optional[Dict[Any, Any]] = None, images: Any = None):
         b, n, _ = xp.shape(metric)
         self.xp, self.b, self.n, self.num_dst, self.num_src = xp, b, n, num_dst, n - num_dst
         self.order, self.position, self.like, self.memo = order, position, metric, memo
         unit = xp.take(xp.l2_normalize(metric, -1), order, 1)  # src tokens, then dst tokens
         scores = xp.matmul_transposed(unit[:, :self.num_src], unit[:, self.num_src:])
+        if images is not None:
+            scores = own_image(xp, scores, images, self.num_src)
         node_max, self.node_idx = xp.max_with_indices(scores, -1)  # best dst for each src
         self.edge_order = xp.argsort(node_max, -1, True)  # src positions, most similar first
 
@@ -285,7 +290,7 @@ def compute_shared_merges(xp: Backend, metric: Any, coords: Sequence[Any], strid
 def compute_coordinate_merges(xp: Backend, metric: Any, coords: Sequence[Any], strides: Sequence[int],
                               rs: Sequence[int], offsets: Optional[Any] = None, band: Optional[Tuple[int, int]] = None,
                               per_sample: bool = True, partition: Optional[Tuple[Any, Any, int]] = None,
-                              memo: Optional[Dict[Any, Any]] = None) -> Optional[Dict[int, TokenMerge]]:
+                              memo: Optional[Dict[Any, Any]] = None, images: Any = None) -> Optional[Dict[int, TokenMerge]]:
     """{r: merge} of `metric` [B, N, C] on tokens at grid coordinates `coords` with cells of `strides`
     (coordinate_partition), from one matching (None when nothing merges); each merge has representatives.
 
@@ -293,7 +298,8 @@ def compute_coordinate_merges(xp: Backend, metric: Any, coords: Sequence[Any], s
     per-token tables gain a batch axis); else one matching for the batch (compute_shared_merge: representatives
     [M], for tables that cannot take a batch axis). `band`: `metric` holds tokens [start, stop) of the grid.
     `partition`: (order, position, num_dst) computed beforehand (coordinate_partitions), in place of `offsets`;
-    `memo`: as compute_merges'."""
+    `memo`: as compute_merges'. `images`: [n] each of `metric`'s tokens' image, when they hold several (images.py:
+    none merges into another's); in the partition's order where `partition` is given."""
     b, n, c = xp.shape(metric)
     volume = 1
     for stride in strides:
@@ -303,9 +309,11 @@ def compute_coordinate_merges(xp: Backend, metric: Any, coords: Sequence[Any], s
     with xp.no_grad():
         if partition is None:
             partition = coordinate_partition(xp, coords, strides, offsets, band=band)
+            if images is not None:  # each token's image in the partition's order
+                images = xp.take(images, partition[0], 0)
         order, position, num_dst = partition
         if per_sample or b == 1:  # a batch of one is matched on its own metric either way
-            matching = Matching(xp, metric, order, position, num_dst, memo)
+            matching = Matching(xp, metric, order, position, num_dst, memo, images)
             merges = {r: matching.represented_merge(r) for r in sorted(set(rs)) if r > 0}
             if not per_sample:
                 for merge in merges.values():
@@ -314,7 +322,7 @@ def compute_coordinate_merges(xp: Backend, metric: Any, coords: Sequence[Any], s
         # The sum over the batch of each token's unit metric (its direction is the mean's): one scatter-add.
         token_of = xp.arange(b * n, metric) % n
         summed = xp.scatter_add(xp.zeros([n, c], metric), token_of, xp.reshape(xp.l2_normalize(metric, -1), [b * n, c]))
-        matching = Matching(xp, xp.reshape(summed, [1, n, c]), order, position, num_dst, memo)
+        matching = Matching(xp, xp.reshape(summed, [1, n, c]), order, position, num_dst, memo, images)
         return {r: matching.shared_merge(r, b) for r in sorted(set(rs)) if r > 0}
 
 

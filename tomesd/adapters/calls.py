@@ -21,7 +21,8 @@ class CallState:
 
     __slots__ = ("grid", "coords", "ids", "tail", "head", "timestep", "key", "draws", "finest_level", "merges",
                  "pending", "shared", "step", "ratio", "watch", "band", "restore", "restoring", "unified", "partitions",
-                 "memo", "idle", "outer", "grid_tokens")
+                 "memo", "idle", "outer", "grid_tokens",
+                 "images")
 
     def __init__(self) -> None:
         # The layout's reading of this call's token grid, from shapes only (layouts.py): the latent's
@@ -33,6 +34,9 @@ class CallState:
         self.coords: Optional[Tuple[Any, ...]] = None
         self.grid_tokens: Optional[int] = None  # the tokens `coords` give (their length), once read
         self.ids: Any = None  # Flux: the ids tensor itself, which tells grids of one token count apart
+        # Each image token's image ([N], on the device) when the ids may mark several (layouts.Ids: a reference's
+        # tokens after the target's, on a bare model): tokens of different images never merge (tome_core/images.py)
+        self.images: Any = None
         self.tail = 0  # reference tokens after the image's, passed whole (references.py: Flux Kontext)
         self.head = 0  # condition tokens before the image's in a block's input, passed whole (Framepack's history)
         # A unified sequence's per-call reading (layouts_unified.py): the text lengths' source, the image's starts

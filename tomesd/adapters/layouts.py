@@ -4,7 +4,9 @@ what r. One strategy per layout; root kinds (roots.py) name theirs.
 - "levels": a UNet. Blocks sit at several levels of the latent; tomesd's rule picks the levels (each block's grid
   is found from its token count); each sample is matched on its own.
 - "patches": a diffusion transformer patchifying its latent once: every block sees one (h/p, w/p) grid.
-- "ids": Flux. One token list whose grid is given by `img_ids`; text may come first in a block's input.
+- "ids": Flux. One token list whose grid is given by `img_ids`; text may come first in a block's input. A family
+  whose pipelines join reference images after the target (RootKind.joined_references) marks each image by the ids'
+  first axis: a call whose target no pipeline told (a bare model) keeps those images apart on the device.
 - "patchgrid": as "patches", matched on grid coordinates (ComfyUI's Flux).
 - "spacetime": Wan, CogVideoX. Every frame's tokens in one sequence (frames, rows, columns); dst strides per axis
   (st, sy, sx); "packed" (layouts_packed.py): such a grid read from the root's arguments; "unified"
@@ -17,7 +19,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Dict, Optional, Tuple
 
-from tome_core import band_range, block_grid, plan_level_block, plan_grid_block
+from tome_core import band_range, block_grid, image_cells, plan_level_block, plan_grid_block
 
 from .guards import split_sequence
 from .references import with_head, with_tail
@@ -175,11 +177,17 @@ class Ids(_Coordinates):
         # The target's token count in this pipeline run, when the pipeline joins a reference image's tokens
         # after them (references.ReferenceSplit sets it); None: every image token is the target's.
         self.target: Optional[int] = None
+        # Whether this family's sequences may join reference images after the target's, each image marked by the
+        # ids' first axis (Flux Kontext: 0, then 1; Flux.2: 0, then 10, 20, ...; Bria FIBO Edit, LongCat-Image
+        # Edit): a call whose target no pipeline told merges each image's tokens among themselves only.
+        self.separates = bool(kind.joined_references)
+        self.cell: Optional[Tuple[int, int]] = None  # (sy, sx), the patch's dst strides (validate; none to downsample)
 
     def validate(self, patch: Any) -> None:
         if self.spec is None:
             raise ValueError(f"{type(patch.root).__name__}.forward takes no {self.name!r}: ToMe reads the image "
                              f"tokens' grid from it")
+        self.cell = (patch.args.sy, patch.args.sx) if patch.args.mode == "merge" else None
 
     def read(self, call: Any, module: Any, args: tuple, kwargs: dict, shape: Tuple[int, ...], name: str) -> None:
         """(ids [N, 3], N) of a packed latent's image tokens, checked by shape only: the root's pre-hook does
@@ -200,9 +208,29 @@ class Ids(_Coordinates):
         call.grid = ids
 
     def _coords(self, call: Any, x: Any) -> Tuple[Any, ...]:
-        ids = call.grid
-        ids = ids[0] if len(self.xp.shape(ids)) == 3 else ids  # rows (_, row, col), on the device
-        return self.xp.to_int64(ids[:, 1]), self.xp.to_int64(ids[:, 2])
+        # A pipeline passes one ids tensor for a whole run: its coordinates (and images) are made once per tensor,
+        # kept in the patch's constants between eager calls (a traced call's memo is its own).
+        kept = call.memo.get("ids coordinates")
+        if kept is not None and kept[0] is call.grid:
+            call.images = kept[2]
+            return kept[1]
+        coords, call.images = self._coords_of(self._rows(call.grid))
+        call.memo["ids coordinates"] = (call.grid, coords, call.images)
+        return coords
+
+    def _coords_of(self, ids: Any) -> Tuple[Tuple[Any, ...], Any]:
+        rows, cols = self.xp.to_int64(ids[:, 1]), self.xp.to_int64(ids[:, 2])
+        if not self.separates or self.target is not None or self.cell is None:
+            # One image: the target's (a pipeline cut the ids to it), or a downsampled grid (which refuses several)
+            return (rows, cols), None
+        # A bare model: the ids may hold a target and references after it, told apart by their first axis, all on
+        # the device. The partition's cells are each image's own and a src matches its own image's dst only
+        # (call.images); one image gets the partition it always had.
+        images = self.xp.to_int64(ids[:, 0])
+        return image_cells(self.xp, images, rows, cols, self.cell[0], self.cell[1]), images
+
+    def _rows(self, ids: Any) -> Any:
+        return ids[0] if len(self.xp.shape(ids)) == 3 else ids  # rows (image, row, col[, ...]), on the device
 
     def downsample_grid(self, call: Any, plan: Any, host: Any) -> Tuple[int, int, int]:
         """The image's (1, rows, cols). A packed latent's shape does not say them, so they are read from the
@@ -215,8 +243,16 @@ class Ids(_Coordinates):
             raise RuntimeError("mode='downsample' on Flux reads the image's rows and columns from img_ids on the host "
                                "(its packed latent's shape does not give them), which a compiled graph cannot do; use "
                                "mode='merge' under torch.compile, or run this patch eagerly")
-        rows, cols = self._coords(call, ids)  # from the grid's corner, wherever the ids start (LongCat-Image's at 512)
-        rows, cols = rows - rows.min(), cols - cols.min()  # as the matching counts
+        whole = self._rows(ids)
+        if self.separates and host.host_float(self.xp.to_float32((whole[:, 0] != whole[0, 0]).any())) == 1.0:
+            raise ValueError(
+                f"mode='downsample' cannot keep apart the images these {self.name} mark by their first axis (a "
+                f"reference image's tokens after the target's, as Flux Kontext and Flux.2 edits join them): its keys "
+                f"come from one grid. Use mode='merge', which merges each image's tokens among themselves, or patch "
+                f"the pipeline with mode='merge', which merges the target's and passes the reference's whole")
+        rows, cols = self.xp.to_int64(whole[:, 1]), self.xp.to_int64(whole[:, 2])
+        # from the grid's corner, wherever the ids start (LongCat-Image's at 512), as the matching counts
+        rows, cols = rows - rows.min(), cols - cols.min()
         n = self.xp.shape(rows)[0]
         h, w = int(host.host_float(rows.max())) + 1, int(host.host_float(cols.max())) + 1
         token = self.xp.arange(n, rows)

@@ -8,7 +8,7 @@ host (eager only, refused under a compiler); a pipeline's clock counts steps ins
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from tome_core import band_coordinate_merges, band_range, banded_coordinate_merges, banded_grid_merges, \
     compute_coordinate_merges, compute_downsample, compute_merges, coordinate_cells, coordinate_partitions, \
@@ -176,20 +176,21 @@ class Matcher:
             strides = (args.st, args.sy, args.sx)[-len(call.coords):]  # (sy, sx) on an image, (st, sy, sx) on a video
             per_sample = patch.per_sample
             if band is None:
+                partition, images = self._coordinate_partition(index, x, strides, call)
                 merges = compute_coordinate_merges(xp, x, call.coords, strides, rs, per_sample=per_sample,
-                                                   partition=self._coordinate_partition(index, x, strides, call),
-                                                   memo=call.memo)
+                                                   partition=partition, memo=call.memo, images=images)
             else:
+                images = None if call.images is None else patch.host.on_device_of(call.images, x)
                 coords = tuple(patch.host.on_device_of(c, x) for c in call.coords)
                 n = xp.shape(coords[0])[0]  # the whole grid's tokens: `x` holds one band of them
                 if args.use_rand:
                     volume = math.prod(strides)  # a space-time cell's places span its frames too
                     offsets = self._offsets(index, x, n // volume, volume, call)  # the whole grid's draw
                 if band.index is None:
-                    merges = banded_coordinate_merges(xp, x, coords, strides, rs, offsets, band.count, per_sample)
+                    merges = banded_coordinate_merges(xp, x, coords, strides, rs, offsets, band.count, per_sample, images)
                 else:  # a context-parallel rank: its own band
                     merges = band_coordinate_merges(xp, x, coords, strides, rs, offsets,
-                                                    band_range(n, band.count, band.index), per_sample)
+                                                    band_range(n, band.count, band.index), per_sample, images)
         else:
             bands = 1 if band is None else band.count  # context parallelism is refused on grid layouts (guards)
             h = plan.h * bands
@@ -220,19 +221,26 @@ class Matcher:
         n = plan.w * plan.h
         return rows[:n], rows[n:]
 
-    def _coordinate_partition(self, index: int, x: Any, strides: Any, call: CallState) -> Any:
-        """Block `index`'s (order, position, num_dst) on the call's coordinates, every block's made at once."""
+    def _coordinate_partition(self, index: int, x: Any, strides: Any, call: CallState) -> Tuple[Any, Any]:
+        """Block `index`'s (order, position, num_dst) on the call's coordinates, every block's made at once; and,
+        where the tokens hold several images (call.images), each token's image in that order (else None)."""
         key = ("coordinates", self.patch.args.use_rand)
         table = call.partitions.get(key)
+        xp = self.patch.xp
         if table is None:
-            xp, use_rand = self.patch.xp, self.patch.args.use_rand
+            use_rand = self.patch.args.use_rand
             cells = coordinate_cells(xp, call.coords, strides)
             offsets = self._draws(x, cells.num_dst, cells.volume, call) if use_rand else None
             order, position, num_dst = coordinate_partitions(xp, cells, offsets)
-            table = call.partitions[key] = (xp.concat([order, position], 1), num_dst)
+            n = xp.shape(order)[1]
+            parts = [order, position]
+            if call.images is not None:  # each token's image in every block's order: one gather a call
+                parts.append(xp.reshape(xp.take(call.images, xp.reshape(order, [-1]), 0), xp.shape(order)))
+            table = call.partitions[key] = (xp.concat(parts, 1), num_dst, n)
         rows = self.patch.host.on_device_of(table[0][index if self.patch.args.use_rand else 0], x)
-        n = self.patch.xp.shape(rows)[0] // 2
-        return rows[:n], rows[n:], table[1]
+        n = table[2]
+        images = rows[2 * n:] if call.images is not None else None
+        return (rows[:n], rows[n:2 * n], table[1]), images
 
     def _draws(self, x: Any, cells: int, places: int, call: CallState) -> Any:
         """The call's [blocks, cells] table of dst places in cells of `places` tokens (sx * sy on an image,
