@@ -72,6 +72,14 @@ def entries() -> List[Entry]:
     for title, cost, model, names in caches:
         runs += [_run(f"{title} + {cache}", cost, model[0], model[1], model[2], *model[3:], *LOOP, "--cache", cache)
                  for cache in names]
+    # The settings that cut more FLOPs (issue 52's item 4: r=0.75, merge_mlp, proportional attention's cost beside
+    # plain ToMe) on the host path cut to a tenth (docs/performance.md, "Host cost"), eager.
+    settings = ("--ratios", "0.5,0.75", "--modes", "merge,merge-mlp,merge-prop")
+    runs[7:7] = [
+        _run("SD3 1024² settings", 25, "sd3", "1024", half, *EAGER, *settings),
+        _run(f"{flux_title} settings", 25, "flux", "1024", bf16, *flux, *EAGER, *settings),
+        _run("Wan 480x832 settings", 30, "wan", "480x832", bf16, *EAGER, *settings),
+    ]
     runs += [
         _run("SDXL 1024² compiled", 160, "sdxl", "1024", half, "--compile", *COMPILED),
         _run("SD3 1024² compiled", 120, "sd3", "1024", half, "--compile", *COMPILED),
@@ -171,7 +179,9 @@ def run(args: argparse.Namespace, bench: Callable[[List[str]], int], clock: Call
             done.append({"title": entry.title, "status": f"not run: it would pass the {args.budget:.0f} s budget "
                                                           f"({elapsed:.0f} s spent, about {entry.cost_s:.0f} s more)"})
             continue
-        argv = (tiny_args(entry.args) if tiny else list(entry.args)) + common + ["--json", path]
+        own = common if "--ratios" not in entry.args else [a for i, a in enumerate(common)  # the entry's own ratios
+                                                            if "--ratios" not in common[max(i - 1, 0):i + 1]]
+        argv = (tiny_args(entry.args) if tiny else list(entry.args)) + own + ["--json", path]
         print(f"[{elapsed:.0f} s] {entry.title}: bench {' '.join(argv)}", file=sys.stderr, flush=True)
         t0 = clock()
         record: Dict[str, Any] = {"title": entry.title, "args": argv}
