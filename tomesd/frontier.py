@@ -8,6 +8,10 @@ here first. The speed is timed on the yardstick's real architecture (sd1: SD1.5'
 AnimateDiff, wan: Wan 2.1 1.3B) with random weights, at `--res` and `--depth`; step caches (`--cache`) alone and
 stacked under each setting, as `quality --cache` prices them. A ratio schedule needs a pipeline's loop and is left
 out of the timing, with a note.
+
+What pays on a GPU: each run also marks the closest setting whose FLOPs ratio reaches `--flops-floor` (FLOPS_FLOOR,
+1.4x), the mildest there where no yardstick prices the model (`--closeness none`); GPU_PICKS holds the marks per
+model at real width (docs/frontier.md), which `tune --device cuda` tries first.
 """
 from __future__ import annotations
 
@@ -15,17 +19,71 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 ARCH_OF = {"sd1": "sd15", "sd3": "sd3", "video": "animatediff", "wan": "wan"}
+
+# On a GPU eager ToMe's own work (matching: host time, docs/gpu.md) eats a small saving: the H100 bounds r=0.5 at its
+# device-time ratio (Flux 1.11x, SD1.5 1024² 1.14x, SDXL below 1). A setting pays there when it leaves at most
+# 1 / FLOPS_FLOOR of the compute; the frontier marks the closest such setting, `tune --device cuda` tries it first.
+FLOPS_FLOOR = 1.4
+
+
+@dataclass(frozen=True)
+class GpuPick:
+    """The setting the frontier marks for one model at one size (`frontier --flops-only` at real width and full depth,
+    its JSON in docs/: `counted`), which `tune --device cuda` tries first."""
+    arch: str  # bench's --arch name
+    res: Tuple[int, int]  # height, width in pixels
+    frames: Optional[int]  # video: frames per clip
+    name: str  # the setting's name on the yardstick's list (quality.settings)
+    kwargs: Dict[str, Any]
+    flop_ratio: float  # per denoiser call over a loop
+    psnr: Optional[float]  # on `yardstick`; None: no yardstick prices the model, the mildest at FLOPS_FLOOR is marked
+    yardstick: Optional[str]
+    counted: str
+
+
+# What the frontier marks per model at real width and full depth (docs/frontier.md#what-pays-on-a-gpu-per-model; each
+# entry's run is its `counted` JSON, tests/cli/test_frontier.py checks them against it and the yardsticks' JSON).
+GPU_PICKS: Tuple[GpuPick, ...] = (
+    GpuPick("sd1", (512, 512), None, "ToMe r=0.75 max_downsample=4 merge_mlp",
+            dict(ratio=0.75, max_downsample=4, merge_mlp=True), 1.46, 24.4, "sd1", "docs/frontier-gpu-sd1-512.json"),
+    GpuPick("sd1", (1024, 1024), None, "ToMe r=0.75 prop", dict(ratio=0.75, proportional_attention=True), 1.47, 51.5,
+            "sd1", "docs/frontier-gpu-sd1-1024.json"),
+    GpuPick("sdxl", (1024, 1024), None, "ToMe r=0.5 max_downsample=4 merge_mlp prop",
+            dict(ratio=0.5, max_downsample=4, merge_mlp=True, proportional_attention=True), 1.54, None, None,
+            "docs/frontier-gpu-sdxl-1024.json"),
+    GpuPick("sd3", (1024, 1024), None, "ToMe r=0.5 merge_mlp reuse 3 prop restore",
+            dict(ratio=0.5, merge_mlp=True, reuse_steps=3, proportional_attention=True, restore_tokens=True), 1.56,
+            42.2, "sd3", "docs/frontier-gpu-sd3-1024.json"),
+    GpuPick("flux", (1024, 1024), None, "ToMe r=0.3 merge_mlp", dict(ratio=0.3, merge_mlp=True), 1.41, None, None,
+            "docs/frontier-gpu-flux-1024.json"),
+    GpuPick("wan", (480, 832), 81, "downsample f=4 avg prop reuse 2 restore",
+            dict(mode="downsample", downsample_factor=4, downsample_method="avg", proportional_attention=True,
+                 reuse_steps=2, restore_tokens=True), 1.43, 30.2, "wan", "docs/frontier-gpu-wan-81f.json"),
+    GpuPick("wan", (480, 832), 17, "ToMe r=0.5", dict(ratio=0.5), 1.43, 14.1, "wan", "docs/frontier-gpu-wan-17f.json"),
+)
+
+
+def find_gpu_pick(arch: str, res: Tuple[int, int], frames: Optional[int] = None) -> Optional[GpuPick]:
+    """GPU_PICKS' entry for this model at this size (frames: video only), or None: the FLOPs ratio grows with the size,
+    so an entry holds at its own size alone."""
+    return next((p for p in GPU_PICKS if (p.arch, p.res, p.frames) == (arch, tuple(res), frames)), None)
 
 
 def add_arguments(parser: Any) -> None:
     parser.add_argument("--arch", choices=sorted(ARCH_OF), default="sd3",
                         help="the yardstick (its settings and closeness) and the architecture timed: sd1 -> SD1.5's "
                              "UNet, sd3 -> SD3-medium, video -> AnimateDiff, wan -> Wan 2.1 1.3B")
-    parser.add_argument("--closeness", metavar="PATH", default=None,
-                        help="a `python -m tomesd quality --arch ARCH --json PATH` file; default: run quality here")
+    parser.add_argument("--closeness", metavar="PATH[,PATH...]", default=None,
+                        help="`python -m tomesd quality --arch ARCH --json PATH` files (comma-separated; a setting "
+                             "priced in several takes the last file's row); `none`: no yardstick prices the "
+                             "architecture (SDXL, Flux), FLOPs and speed alone; default: run quality here")
+    parser.add_argument("--flops-floor", type=float, default=FLOPS_FLOOR,
+                        help="mark the closest setting (yardstick PSNR) whose FLOPs ratio is at least this "
+                             f"(default {FLOPS_FLOOR}: what pays on a GPU, docs/frontier.md)")
     parser.add_argument("--only", metavar="NAMES", default=None, help="comma-separated setting names (default: all)")
     parser.add_argument("--cache", metavar="NAME[,NAME...]", default=None,
                         help="diffusers' step caches, alone and stacked under each setting (as quality --cache)")
@@ -67,7 +125,7 @@ def run(args: Any) -> int:
 
         settings = S.with_cache(settings, caches.names(args.cache))
         closeness = _closeness(args, settings)
-        if args.closeness and not args.only:  # the settings that closeness file priced
+        if args.closeness and args.closeness != "none" and not args.only:  # the settings those files priced
             settings = [settings[0]] + [s for s in settings[1:] if s.name in closeness]
     except (ValueError, FileNotFoundError) as exc:
         print(f"tomesd frontier: error: {exc}", file=sys.stderr)
@@ -99,13 +157,23 @@ def run(args: Any) -> int:
     points = [_point(setting, row, closeness.get(setting.name), ratio)
               for (setting, _), row, ratio in zip(timed, rows[1:], flops)]
     front = pareto(points, "flop_ratio" if args.flops_only else "speedup")
+    pick, rule = gpu_pick(points, args.flops_floor, yardstick=args.closeness != "none")
     for point in points:
         point["front"] = point["name"] in front
-    print(_table(points, args, notes))
+        point["gpu_pick"] = pick is not None and point["name"] == pick["name"]
+    if pick is None:
+        notes.append(f"no setting{'' if args.closeness == 'none' else ' with a PSNR'} leaves a FLOPs ratio of "
+                     f"{args.flops_floor}x or more here")
+    elif args.closeness == "none":
+        notes.append(f"no yardstick prices {ARCHS[arch].name}: of the settings at {args.flops_floor}x FLOPs or more, "
+                     "the one that removes the least compute is marked, its closeness unmeasured")
+    print(_table(points, args, notes, rule))
     doc = {"schema": "tomesd-frontier/1", "yardstick": args.arch, "architecture": ARCHS[arch].name,
            "res": args.res, "width": args.width or args.res, "flops_only": args.flops_only, "depth": args.depth,
            "batch": args.batch,
-           "steps": args.steps, "device": args.device,
+           "steps": args.steps, "device": args.device, "frames": bench.frames if ARCHS[arch].frames else None,
+           "closeness": args.closeness, "flops_floor": args.flops_floor,
+           "gpu_pick": None if pick is None else {"name": pick["name"], "rule": rule},
            "dtype": args.dtype, "baseline_time_s": None if rows[0] is None else rows[0].time_s, "points": points,
            "notes": notes}
     if args.json:
@@ -130,8 +198,11 @@ def _picked(settings: List[Any], only: Optional[str]) -> List[Any]:
 
 
 def _closeness(args: Any, settings: List[Any]) -> Dict[str, Dict[str, Any]]:
-    """Each setting's row of a quality run, by name: read from --closeness, or from a quality run made now."""
+    """Each setting's row of a quality run, by name: read from --closeness (of several files, the last that prices a
+    setting gives its row; `none`: nothing), or from a quality run made now."""
     path = args.closeness
+    if path == "none":
+        return {}
     if path is None:
         from .quality import yardstick
 
@@ -144,11 +215,14 @@ def _closeness(args: Any, settings: List[Any]) -> Dict[str, Dict[str, Any]]:
                                      fd_curve=None, json=path, plot=None, weights=None)
         if yardstick.run(quality) != 0:
             raise ValueError("the quality run failed (its error is above)")
-    with open(path) as f:
-        doc = json.load(f)
-    if doc.get("arch", "sd1") != args.arch:
-        raise ValueError(f"--closeness {path} prices the {doc.get('arch', 'sd1')} yardstick, not {args.arch}")
-    return {row["name"]: row for row in doc["results"]}
+    rows: Dict[str, Dict[str, Any]] = {}
+    for one in path.split(","):
+        with open(one) as f:
+            doc = json.load(f)
+        if doc.get("arch", "sd1") != args.arch:
+            raise ValueError(f"--closeness {one} prices the {doc.get('arch', 'sd1')} yardstick, not {args.arch}")
+        rows.update({row["name"]: dict(row, source=os.path.basename(one)) for row in doc["results"]})
+    return rows
 
 
 def config_of(setting: Any) -> Any:
@@ -233,7 +307,8 @@ def _point(setting: Any, row: Any, close: Optional[Dict[str, Any]], flop_ratio: 
     return {"name": setting.name, "kwargs": setting.kwargs, "cache": setting.cache,
             "speedup": None if row is None else row.speedup, "time_s": None if row is None else row.time_s,
             "flop_ratio": flop_ratio, "psnr": close.get("psnr"),
-            "temporal_psnr": close.get("temporal_psnr"), "accuracy": close.get("accuracy"), "fd": close.get("fd")}
+            "temporal_psnr": close.get("temporal_psnr"), "accuracy": close.get("accuracy"), "fd": close.get("fd"),
+            "closeness_source": close.get("source")}
 
 
 def pareto(points: List[Dict[str, Any]], speed: str = "speedup") -> List[str]:
@@ -248,11 +323,36 @@ def pareto(points: List[Dict[str, Any]], speed: str = "speedup") -> List[str]:
     return [p["name"] for p in sorted(scored, key=lambda p: p[speed]) if not beaten(p)]
 
 
+def closest_paying(points: List[Dict[str, Any]], floor: float = FLOPS_FLOOR) -> Optional[Dict[str, Any]]:
+    """Of the points whose FLOPs ratio is at least `floor` and whose closeness was measured, the closest (highest PSNR;
+    of equals, the higher FLOPs ratio); None when no point qualifies. What pays on a GPU, where eager ToMe's own work
+    eats a small saving whatever the measured speed-up on a CPU says: the FLOPs ratio decides, not the speed-up."""
+    paying = [p for p in points if p.get("psnr") is not None and p.get("flop_ratio") is not None
+              and p["flop_ratio"] >= floor]
+    return max(paying, key=lambda p: (p["psnr"], p["flop_ratio"])) if paying else None
+
+
+def mildest_paying(points: List[Dict[str, Any]], floor: float = FLOPS_FLOOR) -> Optional[Dict[str, Any]]:
+    """Where no yardstick prices the model (SDXL, Flux): of the points whose FLOPs ratio is at least `floor`, the one
+    that removes the least compute (the lowest FLOPs ratio; of equals, the first listed); None when none does."""
+    paying = [p for p in points if p.get("flop_ratio") is not None and p["flop_ratio"] >= floor]
+    return min(paying, key=lambda p: p["flop_ratio"]) if paying else None
+
+
+def gpu_pick(points: List[Dict[str, Any]], floor: float = FLOPS_FLOOR,
+             yardstick: bool = True) -> Tuple[Optional[Dict[str, Any]], str]:
+    """The setting that pays on a GPU, and the words that mark it: the closest at `floor` FLOPs or more where a
+    yardstick priced the settings, else the mildest."""
+    if yardstick:
+        return closest_paying(points, floor), f"closest at >= {floor}x FLOPs"
+    return mildest_paying(points, floor), f"mildest at >= {floor}x FLOPs (no yardstick)"
+
+
 def _size(args: Any) -> str:
     return f"{args.res}x{args.width}" if args.width else f"{args.res}²"
 
 
-def _table(points: List[Dict[str, Any]], args: Any, notes: List[str]) -> str:
+def _table(points: List[Dict[str, Any]], args: Any, notes: List[str], rule: str) -> str:
     def num(value: Optional[float], fmt: str) -> str:
         return "-" if value is None else format(value, fmt) + ("x" if fmt == ".2f" else "")
 
@@ -260,8 +360,12 @@ def _table(points: List[Dict[str, Any]], args: Any, notes: List[str]) -> str:
              f"{args.depth or 'full'}, batch {args.batch}, {args.steps} calls per loop, {args.device})",
              "| setting | speed-up | FLOPs ratio | PSNR (dB) | on the front |", "|---|---|---|---|---|"]
     for p in sorted(points, key=lambda p: -(p["speedup"] or p["flop_ratio"] or 0)):
+        marks = (["yes"] if p["front"] else []) + ([rule] if p.get("gpu_pick") else [])
         lines.append(f"| {p['name']} | {num(p['speedup'], '.2f')} | {num(p['flop_ratio'], '.2f')} | "
-                     f"{num(p['psnr'], '.1f')} | {'yes' if p['front'] else ''} |")
+                     f"{num(p['psnr'], '.1f')} | {'; '.join(marks)} |")
+    for p in (p for p in points if p.get("gpu_pick")):
+        psnr = "" if p["psnr"] is None else f", {p['psnr']:.1f} dB ({p.get('closeness_source') or 'quality'})"
+        lines.append(f"{rule}: {p['name']} ({p['flop_ratio']:.2f}x FLOPs{psnr}): what pays on a GPU")
     return "\n".join(lines + [f"note: {note}" for note in notes])
 
 
@@ -279,6 +383,10 @@ def _plot(path: str, doc: Dict[str, Any]) -> None:
         ax.annotate(p["name"], (p[speed], p["psnr"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
     front = sorted((p for p in points if p["front"]), key=lambda p: p[speed])
     ax.plot([p[speed] for p in front], [p["psnr"] for p in front], "-", color="tab:red", label="Pareto front")
+    if doc.get("flops_only") and doc.get("flops_floor"):
+        ax.axvline(doc["flops_floor"], linestyle=":", color="gray")
+    for p in (p for p in points if p.get("gpu_pick")):
+        ax.plot(p[speed], p["psnr"], "*", markersize=15, color="tab:green", label=doc["gpu_pick"]["rule"])
     what = "FLOPs ratio" if doc.get("flops_only") else "speed-up"
     ax.set(xlabel=f"{what} per denoiser call ({doc['architecture']}, {doc['res']}x{doc['width']}, {doc['device']})",
            ylabel=f"PSNR vs the unpatched model ({doc['yardstick']} yardstick, dB)")

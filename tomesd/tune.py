@@ -9,6 +9,11 @@ at its first setting that is no faster than the one before or (with --model) mov
 closeness threshold. Every timing of a setting is paired with a baseline timing taken right before it, so
 drifts of the machine hit both alike; the noise is three robust standard deviations of the baseline's own
 timings (from their median absolute deviation).
+
+On a GPU (`--device cuda`) eager ToMe's own work (its matching is host time, docs/gpu.md) eats a small saving, so
+the mild settings each family starts from lose there: the setting the frontier marks for the model and size (the
+closest on the project's yardstick whose FLOPs ratio at real width is 1.4x or more, frontier.GPU_PICKS) is tried
+first. A setting that reuses matches over steps is timed over one window of its steps (each its own timestep).
 """
 from __future__ import annotations
 
@@ -63,6 +68,26 @@ def families(transformer: bool, loop: bool) -> List[Tuple[str, List[Kwargs]]]:
     out.append(("downsampled keys, averaged", [dict(mode="downsample", downsample_method="avg", downsample_factor=f)
                                                for f in (2, 4)]))
     return out
+
+
+def on_gpu(device: str) -> bool:
+    return device.startswith(("cuda", "gpu"))
+
+
+def gpu_first(arch: Optional[str], res: Tuple[int, int], frames: Optional[int]) -> Tuple[Optional[Any], str]:
+    """On a GPU: the frontier's pick for this model and size (frontier.GPU_PICKS: what pays there), tried before the
+    families, and the line that says what was offered and why (or that nothing is listed for this model and size)."""
+    from .frontier import FLOPS_FLOOR, find_gpu_pick
+
+    pick = find_gpu_pick(arch, res, frames) if arch else None
+    size = f"{res[0]}x{res[1]}" + (f", {frames} frames" if frames else "")
+    if pick is None:
+        return None, (f"on a GPU: no setting at {FLOPS_FLOOR}x FLOPs or more is listed for {arch or 'this model'} at "
+                      f"{size} (frontier.GPU_PICKS, docs/frontier.md); the families start from their mildest")
+    why = (f"closest on the {pick.yardstick} yardstick ({pick.psnr:.1f} dB)" if pick.yardstick is not None else
+           "no yardstick prices this model: the one that removes the least compute")
+    return pick, (f"on a GPU, tried first: {describe(pick.kwargs)} ({pick.flop_ratio:.2f}x FLOPs at {size}; {why}; "
+                  f"docs/frontier.md)")
 
 
 def describe(kwargs: Kwargs) -> str:
@@ -183,20 +208,34 @@ def _model_measure(args: argparse.Namespace, kit: Any, timer: Callable[[], float
                         width if width != height else None)
 
     def time_once(kwargs: Optional[Kwargs]) -> float:
+        """One forward's time; a setting that reuses matches over k steps: one window of k forwards, each its own
+        timestep (restored tokens run the first unmerged), per forward."""
+        steps = (kwargs or {}).get("reuse_steps") or 1
+        window = [inputs] if steps == 1 else [inputs[:1] + (t,) + inputs[2:] for t in kit.timesteps(steps)]
         if kwargs:
             tomesd.apply_patch(model, **kwargs)
         try:
             kit.sync()
             start = timer()
-            kit.forward(model, inputs)
+            for step in window:
+                kit.forward(model, step)
             kit.sync()
-            return timer() - start
+            return (timer() - start) / len(window)
         finally:
             if kwargs:
                 tomesd.remove_patch(model)
 
     kit.forward(model, inputs)  # warm-up: the first forward allocates, and would count as noise
     return time_once, None, arch.transformer
+
+
+def model_key(pipe: Any) -> Optional[str]:
+    """The frontier's name (bench's --arch) for a pipeline's denoiser, where frontier.GPU_PICKS may list it."""
+    unet, transformer = getattr(pipe, "unet", None), getattr(pipe, "transformer", None)
+    if unet is not None and type(unet).__name__ == "UNet2DConditionModel":
+        return "sdxl" if getattr(unet.config, "addition_embed_type", None) == "text_time" else "sd1"
+    return {"SD3Transformer2DModel": "sd3", "FluxTransformer2DModel": "flux",
+            "WanTransformer3DModel": "wan"}.get(type(transformer).__name__)
 
 
 def _pipeline_measure(args: argparse.Namespace, kit: Any, timer: Callable[[], float] = time.perf_counter,
@@ -270,17 +309,36 @@ def run(args: argparse.Namespace, *, timer: Callable[[], float] = time.perf_coun
     except (ValueError, MissingBackend) as exc:
         print(f"tomesd tune: error: {exc}", file=sys.stderr)
         return 2
-    floor = None
+    floor, loaded = None, []
+
+    def seen(model: Any) -> None:
+        loaded.append(model)
+        if on_model is not None:
+            on_model(model)
+
     if args.model is None:
-        time_once, psnr_of, transformer = _model_measure(args, kit, timer, on_model)
+        time_once, psnr_of, transformer = _model_measure(args, kit, timer, seen)
+        arch: Optional[str] = {"sd15": "sd1"}.get(args.config, args.config) if args.config else args.arch
     else:
-        time_once, psnr_of, transformer, floor = _pipeline_measure(args, kit, timer, on_model)
+        time_once, psnr_of, transformer, floor = _pipeline_measure(args, kit, timer, seen)
+        arch = model_key(loaded[0])
     min_psnr = args.min_psnr if args.min_psnr is not None else floor
     plan = families(transformer, loop=args.model is not None)
+    offered = None
+    if on_gpu(args.device):
+        from .bench.configs import ARCHS
+
+        built = ARCHS.get({"sd1": "sd15"}.get(arch or "", arch or ""))
+        video = built is not None and built.frames
+        pick, offered = gpu_first(arch, args.res, (args.frames or built.frames) if video else None)
+        if pick is not None:
+            plan = [("what pays on a GPU", [dict(pick.kwargs)])] + plan
     result = search(time_once, psnr_of, plan, args.repeats, args.budget, min_psnr, clock)
     result.floor_psnr = floor
     what = args.model or f"{args.config or args.arch} (random weights, speed only)"
     print(f"tomesd tune: {what}, {args.res[0]}x{args.res[1]}, {kit.name} on {args.device}; "
           f"{len(result.trials)} of {sum(len(s) for _, s in plan)} settings measured")
+    if offered:
+        print(offered)
     print(report(result, args.backend, args.model is not None))
     return 0

@@ -86,3 +86,91 @@ def test_flops_only_times_nothing_and_fronts_on_the_flops_ratio(tmp_path, capsys
     assert all(p["speedup"] is None and p["time_s"] is None and p["flop_ratio"] > 0 for p in doc["points"])
     assert {p["name"] for p in doc["points"] if p["front"]} == set(pareto(doc["points"], "flop_ratio")) != set()
     assert "timing" not in capsys.readouterr().err and (tmp_path / "f.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_what_pays_on_a_gpu_is_the_closest_setting_at_the_flops_floor():
+    """Of the points whose FLOPs ratio reaches the floor (1.4x: the GPU's proxy; a point exactly on it counts), the one
+    with the highest PSNR: neither the closest overall (below the floor), nor the fastest, nor one whose closeness
+    was never measured. Of equal PSNRs, the larger FLOPs ratio. Without a yardstick, the mildest at the floor."""
+    from tomesd.frontier import FLOPS_FLOOR, closest_paying, gpu_pick, mildest_paying
+
+    points = [dict(name="closest overall", flop_ratio=1.2, psnr=60.0),
+              dict(name="paying", flop_ratio=1.45, psnr=40.0),
+              dict(name="fastest", flop_ratio=2.5, psnr=20.0),
+              dict(name="on the floor", flop_ratio=1.4, psnr=45.0),
+              dict(name="unmeasured", flop_ratio=1.6, psnr=None),
+              dict(name="uncounted", flop_ratio=None, psnr=70.0)]
+    assert FLOPS_FLOOR == 1.4
+    assert closest_paying(points)["name"] == "on the floor"
+    assert closest_paying(points, 1.5)["name"] == "fastest"
+    assert closest_paying(points, 3.0) is None
+    tied = points + [dict(name="as close, faster", flop_ratio=1.7, psnr=45.0)]
+    assert closest_paying(tied)["name"] == "as close, faster"
+    assert mildest_paying(points)["name"] == "on the floor" and mildest_paying(points, 1.41)["name"] == "paying"
+    assert gpu_pick(points, yardstick=False) == (points[3], "mildest at >= 1.4x FLOPs (no yardstick)")
+    assert gpu_pick(points)[1] == "closest at >= 1.4x FLOPs"
+
+
+def test_the_frontier_marks_what_pays_on_a_gpu(tmp_path, capsys):
+    """`--flops-floor` sets the floor; the closest setting at it is marked in the table, named below it with its
+    PSNR and the closeness file it came from (of two files, the later one's row), and recorded in the JSON; with
+    `--closeness none` nothing has a PSNR and the mildest setting at the floor is marked instead. On the tiny SD3 at
+    128² r=0.5 leaves 1.38x of the compute, r=0.75 1.64x, r=0.5 with restored tokens 1.18x: the floor is 1.3x."""
+    older, newer, out = tmp_path / "old.json", tmp_path / "new.json", tmp_path / "f.json"
+    names = ["ToMe r=0.5", "ToMe r=0.75", "ToMe r=0.5 reuse 3 prop restore"]
+    older.write_text(json.dumps({"arch": "sd3", "results": [{"name": names[0], "psnr": 50.0},
+                                                            {"name": names[1], "psnr": 30.0}]}))
+    newer.write_text(json.dumps({"arch": "sd3", "results": [{"name": names[0], "psnr": 22.0},
+                                                            {"name": names[2], "psnr": 45.0}]}))
+    common = ["frontier", "--arch", "sd3", "--only", ",".join(names), "--config", "tiny-sd3", "--res", "128",
+              "--flops-only", "--flops-floor", "1.3", "--json", str(out), "--plot", ""]
+    with pytest.raises(SystemExit) as done:
+        main(common + ["--closeness", f"{older},{newer}"])
+    assert done.value.code == 0
+    doc, text = json.loads(out.read_text()), capsys.readouterr().out
+    points = {p["name"]: p for p in doc["points"]}
+    assert points[names[0]]["psnr"] == 22.0 and points[names[0]]["closeness_source"] == "new.json"
+    assert points[names[2]]["flop_ratio"] < 1.3 < points[names[0]]["flop_ratio"] < points[names[1]]["flop_ratio"]
+    assert doc["gpu_pick"] == {"name": names[1], "rule": "closest at >= 1.3x FLOPs"}
+    assert [name for name, p in points.items() if p["gpu_pick"]] == [names[1]]
+    assert f"| {names[1]} | - |" in text and "| 30.0 | yes; closest at >= 1.3x FLOPs |" in text
+    assert f"closest at >= 1.3x FLOPs: {names[1]} (1.6" in text and "30.0 dB (old.json)" in text
+
+    with pytest.raises(SystemExit) as done:
+        main(common + ["--closeness", "none"])
+    assert done.value.code == 0
+    doc, text = json.loads(out.read_text()), capsys.readouterr().out
+    assert all(p["psnr"] is None for p in doc["points"])
+    assert doc["gpu_pick"] == {"name": names[0], "rule": "mildest at >= 1.3x FLOPs (no yardstick)"}
+    assert "no yardstick prices" in text
+
+
+def test_the_gpu_picks_are_what_the_docs_counted_and_measured():
+    """Each entry of GPU_PICKS (what `tune --device cuda` tries first) is the setting its frontier run in docs/
+    marked, with that run's FLOPs ratio at real width and the PSNR of the yardstick's JSON; picking again over the
+    run's points gives it back."""
+    import os
+
+    from tomesd.frontier import FLOPS_FLOOR, GPU_PICKS, gpu_pick
+    from tomesd.quality.settings import SETTINGS
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert {(p.arch, p.res) for p in GPU_PICKS} >= {("sd1", (1024, 1024)), ("sdxl", (1024, 1024)),
+                                                   ("sd3", (1024, 1024)), ("flux", (1024, 1024)), ("wan", (480, 832))}
+    for pick in GPU_PICKS:
+        with open(os.path.join(root, pick.counted)) as f:
+            doc = json.load(f)
+        assert (doc["res"], doc["width"], doc["frames"], doc["depth"]) == (*pick.res, pick.frames, None), pick
+        assert doc["flops_floor"] == FLOPS_FLOOR and doc["gpu_pick"]["name"] == pick.name, pick
+        again, _ = gpu_pick(doc["points"], FLOPS_FLOOR, yardstick=pick.yardstick is not None)
+        point = {p["name"]: p for p in doc["points"]}[pick.name]
+        assert again is not None and again["name"] == pick.name and point["kwargs"] == pick.kwargs, pick
+        assert round(point["flop_ratio"], 2) == pick.flop_ratio >= FLOPS_FLOOR, pick
+        yardstick = pick.yardstick or doc["yardstick"]
+        assert pick.kwargs == {s.name: s.kwargs for s in SETTINGS[yardstick]}[pick.name], pick
+        if pick.yardstick is None:
+            assert pick.psnr is None and doc["closeness"] == "none", pick
+            continue
+        with open(os.path.join(root, "docs", point["closeness_source"])) as f:
+            measured = {r["name"]: r["psnr"] for r in json.load(f)["results"]}
+        assert doc["yardstick"] == pick.yardstick and round(measured[pick.name], 1) == pick.psnr, pick

@@ -227,3 +227,68 @@ def test_tune_on_a_local_pipeline_prices_closeness_against_the_floor(tmp_path, c
         if outcome == "too far":
             assert float(psnr) < threshold, out
     assert "fastest here: tomesd.apply_patch(pipe, mode='downsample'" in out
+
+
+def test_on_a_gpu_the_frontiers_pick_is_tried_first(monkeypatch, capsys):
+    """--device cuda (the kit made on the CPU here): the setting frontier.GPU_PICKS lists for the model and size is
+    measured before every family and named when it is the fastest; a setting that reuses matches is timed over one
+    window of its steps, per forward. On the CPU it is not tried. The baseline takes 2 s per forward, the pick 1 s,
+    every other setting 3 s: the families' mild first settings lose, as eager ToMe's do on a GPU."""
+    from tomesd import frontier
+    from tomesd.bench import kits
+
+    made = kits.make_kit
+    monkeypatch.setattr(kits, "make_kit", lambda backend, device, dtype: made(backend, "cpu", dtype))
+    pick = frontier.GpuPick("tiny", (64, 64), None, "ToMe r=0.5 max_downsample=4 reuse 2", dict(
+        ratio=0.5, max_downsample=4, reuse_steps=2), 1.5, 40.0, "sd1", "docs/frontier-gpu-tiny.json")
+    monkeypatch.setattr(frontier, "GPU_PICKS", (pick,))
+    forwards = []
+
+    def delay(args):
+        forwards.append(None if args is None else args.reuse_steps)
+        if args is None:
+            return 2.0
+        return 1.0 if args.reuse_steps == 2 and args.max_downsample == 4 else 3.0
+
+    assert run_tune(TINY + ["--device", "cuda"], delay) == 0
+    out = capsys.readouterr().out
+    rows = table_rows(out)
+    assert list(rows)[0] == "ratio=0.5, max_downsample=4, reuse_steps=2" and \
+        rows["ratio=0.5, max_downsample=4, reuse_steps=2"] == ("2.00x", "-", "kept"), out
+    assert forwards.count(2) == 2 * 2  # two repeats, each a window of 2 forwards
+    assert "on a GPU, tried first: ratio=0.5, max_downsample=4, reuse_steps=2 (1.50x FLOPs at 64x64; closest on " \
+           "the sd1 yardstick (40.0 dB)" in out, out
+    assert "fastest here: tomesd.apply_patch(model, ratio=0.5, max_downsample=4, reuse_steps=2)  (2.00x" in out, out
+
+    assert run_tune(TINY, delay) == 0  # on the CPU: the families alone
+    out = capsys.readouterr().out
+    assert "ratio=0.5, max_downsample=4, reuse_steps=2" not in table_rows(out) and "on a GPU" not in out, out
+
+    assert run_tune(["--config", "tiny", "--res", "32", "--repeats", "2", "--device", "cuda"], delay) == 0
+    assert "on a GPU: no setting at 1.4x FLOPs or more is listed for tiny at 32x32" in capsys.readouterr().out
+
+
+def test_the_gpu_offer_follows_the_model_and_its_size():
+    """The real table: what `tune --device cuda` offers first, per model and size (frontier.GPU_PICKS); a size the
+    frontier did not count gets nothing; a pipeline's denoiser names its model."""
+    from types import SimpleNamespace as NS
+
+    for arch, res, frames in [("sd1", (512, 512), None), ("sd1", (1024, 1024), None), ("sdxl", (1024, 1024), None),
+                              ("sd3", (1024, 1024), None), ("flux", (1024, 1024), None), ("wan", (480, 832), 81),
+                              ("wan", (480, 832), 17)]:
+        pick, line = tune.gpu_first(arch, res, frames)
+        assert pick is not None and pick.flop_ratio >= 1.4 and line.startswith("on a GPU, tried first: "), (arch, line)
+    assert tune.gpu_first("sd3", (512, 512), None)[0] is None
+    assert tune.gpu_first("wan", (480, 832), 33)[0] is None
+
+    class UNet2DConditionModel:
+        def __init__(self, embed):
+            self.config = NS(addition_embed_type=embed)
+
+    class FluxTransformer2DModel:
+        pass
+
+    assert tune.model_key(NS(unet=UNet2DConditionModel("text_time"))) == "sdxl"
+    assert tune.model_key(NS(unet=UNet2DConditionModel(None))) == "sd1"
+    assert tune.model_key(NS(transformer=FluxTransformer2DModel())) == "flux"
+    assert tune.model_key(NS(transformer=object())) is None

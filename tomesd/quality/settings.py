@@ -60,6 +60,14 @@ DEFAULT_SETTINGS = [
     Setting("ToMe r=0.5 max_downsample=4", dict(ratio=0.5, max_downsample=4)),
     Setting("ToMe r=0.5 max_downsample=4 reuse 3", dict(ratio=0.5, max_downsample=4, reuse_steps=3)),
     Setting("downsample f=2 nearest max_downsample=4", dict(mode="downsample", max_downsample=4)),
+    # The feed-forward merged too, at more levels: the UNet settings whose FLOPs ratio reaches 1.4x, what pays on a
+    # GPU (SD1.5 512²: only r=0.75 at every level with merge_mlp; docs/frontier.md).
+    Setting("ToMe r=0.75 merge_mlp prop", dict(ratio=0.75, merge_mlp=True, proportional_attention=True)),
+    Setting("ToMe r=0.5 max_downsample=4 merge_mlp prop", dict(ratio=0.5, max_downsample=4, merge_mlp=True,
+                                                             proportional_attention=True)),
+    Setting("ToMe r=0.75 max_downsample=4 merge_mlp", dict(ratio=0.75, max_downsample=4, merge_mlp=True)),
+    Setting("ToMe r=0.75 max_downsample=4 merge_mlp prop", dict(ratio=0.75, max_downsample=4, merge_mlp=True,
+                                                              proportional_attention=True)),
     # Ratios over the run's progress (tomesd #28), patched through a pipeline whose scheduler counts the steps.
     Setting("ToMe r=0.25 then 0.75 (schedule)", dict(ratio_schedule=[(0.0, 0.25), (0.5, 0.75)])),
     Setting("ToMe r=0.75 then 0.25 (schedule)", dict(ratio_schedule=[(0.0, 0.75), (0.5, 0.25)])),
