@@ -77,7 +77,7 @@ def entries() -> List[Entry]:
     settings = ("--ratios", "0.5,0.75", "--modes", "merge,merge-mlp,merge-prop")
     runs[7:7] = [
         _run("SD3 1024² settings", 25, "sd3", "1024", half, *EAGER, *settings),
-        _run(f"{flux_title} settings", 25, "flux", "1024", bf16, *flux, *EAGER, *settings),
+        _run(f"{flux_title} settings", 30, "flux", "1024", bf16, *flux, *EAGER, "--ratios", "0.3,0.5,0.75", *settings[2:]),
         _run("Wan 480x832 settings", 30, "wan", "480x832", bf16, *EAGER, *settings),
     ]
     runs += [
