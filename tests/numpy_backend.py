@@ -52,6 +52,9 @@ class NumpyBackend:
     def no_grad(self):
         return contextlib.nullcontext()  # nothing records gradients
 
+    def grad_enabled(self) -> bool:
+        return False
+
     def shape(self, x: np.ndarray) -> Tuple[int, ...]:
         return tuple(int(d) for d in np.shape(x))
 

@@ -30,6 +30,8 @@ class Backend(Protocol):
     name: str
 
     def no_grad(self) -> ContextManager: ...
+    def grad_enabled(self) -> bool:
+        """Whether operations now record gradients (the matching enters no_grad only then)."""
     def shape(self, x: Array) -> Tuple[int, ...]: ...
     def arange(self, n: int, like: Array, step: int = 1) -> Array:
         """int64 [0, step, 2*step, ...) below n."""

@@ -102,12 +102,14 @@ def compute_merges(xp: Backend, metric: Any, w: int, h: int, sx: int, sy: int, r
         raise ValueError(f"metric has {n} tokens but the grid is {h}x{w} = {h * w}")
     if h // sy == 0 or w // sx == 0:
         return None
-    with xp.no_grad():
-        order, position = partition if partition is not None else grid_partition(xp, metric, w, h, sx, sy, offsets)
-        matching = Matching(xp, metric, order, position, (h // sy) * (w // sx), memo)
-        if len(rs) == 1:
-            return {rs[0]: matching.merge(rs[0])}
-        return {r: matching.merge(r) for r in sorted(set(rs)) if r > 0}
+    if xp.grad_enabled():  # the matching records no gradients (hooks mostly run under no_grad already: no context)
+        with xp.no_grad():
+            return compute_merges(xp, metric, w, h, sx, sy, rs, offsets, partition, memo)
+    order, position = partition if partition is not None else grid_partition(xp, metric, w, h, sx, sy, offsets)
+    matching = Matching(xp, metric, order, position, (h // sy) * (w // sx), memo)
+    if len(rs) == 1:
+        return {rs[0]: matching.merge(rs[0])}
+    return {r: matching.merge(r) for r in sorted(set(rs)) if r > 0}
 
 
 class Matching:
@@ -306,24 +308,27 @@ def compute_coordinate_merges(xp: Backend, metric: Any, coords: Sequence[Any], s
         volume *= stride
     if max(rs) <= 0 or n // volume == 0:
         return None
-    with xp.no_grad():
-        if partition is None:
-            partition = coordinate_partition(xp, coords, strides, offsets, band=band)
-            if images is not None:  # each token's image in the partition's order
-                images = xp.take(images, partition[0], 0)
-        order, position, num_dst = partition
-        if per_sample or b == 1:  # a batch of one is matched on its own metric either way
-            matching = Matching(xp, metric, order, position, num_dst, memo, images)
-            merges = {r: matching.represented_merge(r) for r in sorted(set(rs)) if r > 0}
-            if not per_sample:
-                for merge in merges.values():
-                    merge.representatives = merge.representatives[0]
-            return merges
-        # The sum over the batch of each token's unit metric (its direction is the mean's): one scatter-add.
-        token_of = xp.arange(b * n, metric) % n
-        summed = xp.scatter_add(xp.zeros([n, c], metric), token_of, xp.reshape(xp.l2_normalize(metric, -1), [b * n, c]))
-        matching = Matching(xp, xp.reshape(summed, [1, n, c]), order, position, num_dst, memo, images)
-        return {r: matching.shared_merge(r, b) for r in sorted(set(rs)) if r > 0}
+    if xp.grad_enabled():  # the matching records no gradients
+        with xp.no_grad():
+            return compute_coordinate_merges(xp, metric, coords, strides, rs, offsets, band, per_sample, partition,
+                                             memo, images)
+    if partition is None:
+        partition = coordinate_partition(xp, coords, strides, offsets, band=band)
+        if images is not None:  # each token's image in the partition's order
+            images = xp.take(images, partition[0], 0)
+    order, position, num_dst = partition
+    if per_sample or b == 1:  # a batch of one is matched on its own metric either way
+        matching = Matching(xp, metric, order, position, num_dst, memo, images)
+        merges = {r: matching.represented_merge(r) for r in sorted(set(rs)) if r > 0}
+        if not per_sample:
+            for merge in merges.values():
+                merge.representatives = merge.representatives[0]
+        return merges
+    # The sum over the batch of each token's unit metric (its direction is the mean's): one scatter-add.
+    token_of = xp.arange(b * n, metric) % n
+    summed = xp.scatter_add(xp.zeros([n, c], metric), token_of, xp.reshape(xp.l2_normalize(metric, -1), [b * n, c]))
+    matching = Matching(xp, xp.reshape(summed, [1, n, c]), order, position, num_dst, memo, images)
+    return {r: matching.shared_merge(r, b) for r in sorted(set(rs)) if r > 0}
 
 
 def bipartite_soft_matching_random2d(

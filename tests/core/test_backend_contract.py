@@ -20,7 +20,7 @@ COVERED = {
     "no_grad", "shape", "arange", "zeros", "reshape", "concat", "take", "scatter_add", "scatter_reduce",
     "argsort", "max_with_indices", "matmul_transposed", "l2_normalize", "counts", "equal", "broadcast_to",
     "where", "bitwise_xor", "floor", "to_int64", "astype_like", "to_float32", "randint_from",
-    "take_along", "put_along", "segment_mean",
+    "take_along", "put_along", "segment_mean", "grad_enabled",
 }
 
 
@@ -64,6 +64,13 @@ def test_creation_shape_and_layout(fw):
         assert xp.shape(xp.reshape(like, [24])) == (24,)
 
 
+def test_grad_enabled_is_off_under_no_grad(fw):
+    xp = fw.xp
+    with xp.no_grad():
+        assert xp.grad_enabled() is False
+    assert isinstance(xp.grad_enabled(), bool)
+
+
 def test_take_along_and_its_inverse_put_along(fw):
     xp = fw.xp
     x = np.array([[10.0, 20.0, 30.0, 40.0], [1.0, 2.0, 3.0, 4.0]])
@@ -84,7 +91,8 @@ def test_segment_mean_averages_the_rows_of_each_segment(fw):
     src = np.array([[1.0, 10.0], [2.0, 20.0], [4.0, 40.0], [8.0, 80.0], [16.0, 160.0]])
     segments = np.array([0, 2, 0, 1, 0], dtype=np.int64)
     out = as_np(fw, xp.segment_mean(fw.tensor(src), fw.tensor(segments), 3), F64)
-    assert np.allclose(out, [[7.0, 70.0], [8.0, 80.0], [2.0, 20.0]], rtol=1e-12, atol=0)
+    # float32's round-off at most: paddle keeps ppdiffusers' own numerics, a sum times float32 inverse counts
+    assert np.allclose(out, [[7.0, 70.0], [8.0, 80.0], [2.0, 20.0]], rtol=1e-6, atol=0)
 
 
 def test_scatter_add_accumulates_repeated_indices_out_of_place(fw):

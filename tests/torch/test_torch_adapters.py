@@ -353,15 +353,15 @@ def test_a_rejected_call_leaves_an_enclosing_call_intact(sd1_unet, bad_call):
     try:
         patch = getattr(sd1_unet, PATCH_ATTR)
         outer = CallState()
-        patch.calls.current().append(outer)
+        patch.calls.push(outer, eager=True)
         with pytest.raises((ValueError, TypeError), match=r"latent \[B, C, H, W\]|no 'sample' input"):
             with torch.no_grad():
                 if bad_call == "not-a-latent":
                     sd1_unet(torch.randn(2, 4, 16), torch.tensor(1), torch.randn(2, 7, 32))
                 else:
                     sd1_unet(timestep=torch.tensor(1), encoder_hidden_states=torch.randn(2, 7, 32))
-        assert patch.calls.current() == [outer]
-        patch.calls.current().clear()
+        assert patch.calls.current() == [outer] and patch.calls.top() is outer  # the hooks find the outer call
+        assert patch.calls.pop() is outer and patch.calls.top() is None
     finally:
         tomesd.remove_patch(sd1_unet)
 

@@ -52,7 +52,7 @@ class CallState:
         # Blocks the layout found at a level ToMe never merges (the UNets' level rule): their hooks come off
         # after the call (ToMePatch.park)
         self.idle: List[int] = []
-        self.outer: Optional["CallState"] = None  # the call this one runs inside (CallStacks.current after it)
+        self.outer: Optional["CallState"] = None  # the call this one runs inside (CallStacks.innermost after it)
         self.finest_level: Optional[int] = None  # UNets: level of the call's first attention block
         self.merges: Dict[int, BlockMerge] = {}
         self.pending: Dict[int, Tuple[Any, Any, bool]] = {}  # block -> (block, its input, grad mode), until used
@@ -86,26 +86,29 @@ class CallStacks:
     """The stack of calls in flight: one per thread in eager mode, one plain list while a graph is traced.
 
     Every hook of every block asks for the current call, so the common case costs no question to the host:
-    while one thread alone runs the patch, `current` is its innermost call (set and restored around each call,
+    while one thread alone runs the patch, `innermost` is its innermost call (set and restored around each call,
     traced or not). Calls from a second thread at once mark the stacks `shared` until none is left, and then
     each hook finds its own thread's call (`top`)."""
 
     def __init__(self, host: Any) -> None:
         self.host = host
         self._compiling = host.is_compiling
+        # A host whose graph tracer can run a block's hooks apart from its root's (paddle's AST to_static) asks at every
+        # hook, where its is_compiling refuses the trace by name.
+        self._ask_each_hook = getattr(host, "asks_each_hook", False)
         self._threads = _ThreadCalls()
         self._traced: List[CallState] = []
-        self.current: Optional[CallState] = None
+        self.innermost: Optional[CallState] = None
         self.shared = False
         self._active = 0  # eager calls in flight, every thread
         self._owner: Optional[int] = None  # the thread they belong to while not shared
         self._lock = threading.Lock()
 
     def push(self, call: CallState, eager: bool) -> None:
-        call.outer = self.current
+        call.outer = self.innermost
         if not eager:
             self._traced.append(call)
-            self.current = call
+            self.innermost = call
             return
         self._threads.stack.append(call)
         with self._lock:
@@ -115,29 +118,32 @@ class CallStacks:
             self._active += 1
             self._owner = thread if self._active == 1 else self._owner
             if not self.shared:
-                self.current = call
+                self.innermost = call
 
     def pop(self) -> Optional[CallState]:
         if self._compiling():
             call = self._traced.pop() if self._traced else None
-            self.current = None if call is None else call.outer
+            self.innermost = None if call is None else call.outer
             return call
         stack = self._threads.stack
         call = stack.pop() if stack else None
         with self._lock:
             self._active = max(self._active - 1, 0)
             if not self._active:
-                self.shared, self._owner, self.current = False, None, None
+                self.shared, self._owner, self.innermost = False, None, None
             elif not self.shared and call is not None:
-                self.current = call.outer
+                self.innermost = call.outer
         return call
 
-    def current_stack(self) -> List[CallState]:
+    def current(self) -> List[CallState]:
+        """This thread's stack of calls (the traced one while a graph compiler traces)."""
         return self._traced if self._compiling() else self._threads.stack
 
     def top(self) -> Optional[CallState]:
+        if self._ask_each_hook:
+            self._compiling()
         if not self.shared:
-            return self.current
+            return self.innermost
         stack = self._traced if self._compiling() else self._threads.stack
         return stack[-1] if stack else None
 

@@ -264,7 +264,13 @@ class ToMePatch:
     def call_merge(self, call: Optional[CallState], index: int, flag: str, like: Any = None) -> Any:
         """Block `index`'s merge in `call` for the site `flag` turns on: with per-site ratios the block holds one
         merge per site (all from one matching), else one merge for every site. `like`: the tokens the site holds."""
-        merge = self.block_merge(call, index, like)
+        if call is None:
+            merge = self.block_merge(call, index, like)
+        else:  # block_merge, inline: asked at every site of every block
+            if index in call.pending:  # the block's first hooked sub-layer: match now
+                block, x, grad = call.pending.pop(index)
+                self._settle(index, call, block, x if like is None else self.host.on_device_of(x, like), grad)
+            merge = call.merges.get(index)
         return merge.get(flag) if isinstance(merge, dict) else merge
 
     def site_restore(self, index: int, flag: str) -> Optional[SiteRestore]:

@@ -88,9 +88,11 @@ class MergeSite(SiteHook):
             for axis in self.mask_axes:
                 mask = merge.gather_rows(mask, len(patch.xp.shape(mask)) + axis)
             args, kwargs = self.mask.replace(args, kwargs, mask)
-        merged = self._along_tokens(call, "merge", merge.merge_head if self.layer.image_first else merge.merge_tail,
-                                    tokens)
-        if call is not None and call.watch is not None:
+        fn = merge.merge_head if self.layer.image_first else merge.merge_tail
+        if call is None or call.watch is None:
+            merged = patch.host.on_local_tokens(fn, tokens)
+        else:
+            merged = self._along_tokens(call, "merge", fn, tokens)
             self._record(call, self.layer.flag, tokens, merged)
         if self.weighs:
             key_weights.arm(patch, merge, self.layer.image_keys_first)

@@ -90,6 +90,9 @@ class PaddleArrays:
     def no_grad(self):
         return paddle.no_grad()
 
+    def grad_enabled(self) -> bool:
+        return paddle.is_grad_enabled()
+
     def shape(self, x: paddle.Tensor) -> Tuple[int, ...]:
         return tuple(x.shape)
 
@@ -198,6 +201,8 @@ class PaddleHost:
 
     def __reduce__(self) -> str:
         return "host"  # copies and pickles of patched models share the module's one instance
+
+    asks_each_hook = True  # AST tracing runs a block's hooks in the program, its root's outside: each hook asks
 
     def is_compiling(self) -> bool:
         """Never: a hook that finds itself traced into a static program refuses (see _NO_AST).

@@ -1,14 +1,12 @@
 """PyTorch backend."""
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 
 import torch
 
 from . import torch_dispatch, torch_function_seam, torch_links, torch_parallel, torch_projections, torch_sdpa
 
-_NOTHING = contextlib.nullcontext()
 
 
 def _sort_indices(x: torch.Tensor, axis: int, descending: bool) -> torch.Tensor:
@@ -39,11 +37,8 @@ class TorchArrays:
     def __reduce__(self) -> str:
         return "backend"  # copies and pickles of patched models share the module's one instance
 
-    @staticmethod
-    def no_grad():
-        # Hooks mostly run under the pipeline's no_grad already: then nothing to enter (torch.no_grad() is a
-        # handful of Python calls per block).
-        return torch.no_grad() if torch.is_grad_enabled() else _NOTHING
+    no_grad = staticmethod(torch.no_grad)
+    grad_enabled = staticmethod(torch.is_grad_enabled)
 
     @staticmethod
     def shape(x: torch.Tensor) -> Tuple[int, ...]:
