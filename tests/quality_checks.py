@@ -40,17 +40,18 @@ def sampled_like(report, setting, models):
 
 
 def broken_unmerge(monkeypatch):
-    """A merge whose unmerge hands every token some other token's output."""
-    unmerge = TokenMerge.unmerge
+    """A merge whose unmerge hands every token some other token's output (at TokenMerge._unmerged, where unmerge,
+    unmerge_tail and unmerge_head all go)."""
+    unmerge = TokenMerge._unmerged
     perms = {}
 
-    def shuffled(self, x):
-        out = unmerge(self, x)
+    def shuffled(self, x, c):
+        out = unmerge(self, x, c)
         n = out.shape[1]
         perm = perms.setdefault(n, torch.randperm(n, generator=torch.Generator().manual_seed(n)))
         return out[:, perm]
 
-    monkeypatch.setattr(TokenMerge, "unmerge", shuffled)
+    monkeypatch.setattr(TokenMerge, "_unmerged", shuffled)
 
 
 def frame_psnr(a, b):

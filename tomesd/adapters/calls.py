@@ -22,7 +22,7 @@ class CallState:
     __slots__ = ("grid", "coords", "ids", "tail", "head", "timestep", "key", "draws", "finest_level", "merges",
                  "pending", "shared", "step", "ratio", "watch", "band", "restore", "restoring", "unified", "partitions",
                  "memo", "idle", "outer", "grid_tokens",
-                 "images")
+                 "images", "eager")
 
     def __init__(self) -> None:
         # The layout's reading of this call's token grid, from shapes only (layouts.py): the latent's
@@ -52,6 +52,7 @@ class CallState:
         # Blocks the layout found at a level ToMe never merges (the UNets' level rule): their hooks come off
         # after the call (ToMePatch.park)
         self.idle: List[int] = []
+        self.eager = True  # False while a graph compiler traces the call (its hooks then touch no Python-only state)
         self.outer: Optional["CallState"] = None  # the call this one runs inside (CallStacks.innermost after it)
         self.finest_level: Optional[int] = None  # UNets: level of the call's first attention block
         self.merges: Dict[int, BlockMerge] = {}

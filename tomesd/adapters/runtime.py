@@ -191,7 +191,7 @@ class ToMePatch:
     # ---- a call ----
     def enter_root(self, module: Any, args: tuple, kwargs: dict) -> None:
         host, call = self.host, CallState()
-        eager = not host.is_compiling()
+        eager = call.eager = not host.is_compiling()
         # Pushed before any error: the always-called exit hook pops it even when this hook raises.
         self.calls.push(call, eager)
         if eager:
@@ -240,12 +240,15 @@ class ToMePatch:
         if self.downsampling:
             checked = self.checked_processors
             for way in self.kinds[index].downsample:
-                attn = block._modules.get(way.attention) if hasattr(block, "_modules") else None
+                modules = getattr(block, "_modules", None) if call.eager else None  # a dict read, no Python call
+                attn = modules.get(way.attention) if modules is not None else None
                 attn = attn if attn is not None else getattr(block, way.attention, None)
                 # The processor may have been swapped after apply_patch: checked again whenever it is another one.
-                if attn is not None and checked.get((index, way.attention)) is not attn.__dict__.get("processor", attn):
+                processor = getattr(attn, "processor", attn)
+                if attn is not None and (not call.eager or checked.get((index, way.attention)) is not processor):
                     guards.check_downsample_way(attn, way, type(block).__name__, self.host)
-                    checked[(index, way.attention)] = attn.__dict__.get("processor", attn)
+                    if call.eager:
+                        checked[(index, way.attention)] = processor
         call.merges.pop(index, None)
         # The grad mode is taken here: LDM's checkpointing runs the block's body under no_grad inside a
         # block entered with gradients on, and training (replay kept, nothing reused) is decided by the latter.

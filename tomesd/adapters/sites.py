@@ -244,7 +244,7 @@ class SpanStart(_SpanHook):
         merge = self.patch.call_merge(call, self.index, self.span.flag, tokens)
         if merge is None:
             return None
-        if self._cache_changed() and not self.patch.host.is_compiling():
+        if call is not None and call.eager and self._cache_changed():
             self.patch.seat_span_cache(self.index, self.span)  # a cache added or removed after the patch
         merged = self._along_tokens(call, "merge", _merge_fn(merge, self.span), tokens)
         self._record(call, self.span.flag, tokens, merged)

@@ -121,8 +121,12 @@ class TorchHost:
     def __reduce__(self) -> str:
         return "host"  # copies and pickles of patched models share the module's one instance
 
-    # Asked on every hook of every block: torch's own function, with no frame of ours around it.
-    is_compiling = staticmethod(torch.compiler.is_compiling)
+    # A method, not torch's function bound as an attribute: bound so, a refusal raised while dynamo traced
+    # (mode='downsample' on Flux, compiled: test_downsample_dispatch.py) fell back to eager instead of reaching
+    # the caller.
+    def is_compiling(self) -> bool:
+        return torch.compiler.is_compiling()
+
     grad_enabled = staticmethod(torch.is_grad_enabled)
 
     def host_float(self, x: Any) -> float:

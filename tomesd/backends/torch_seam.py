@@ -8,4 +8,5 @@ from .seam import Seam as _Seam
 
 
 class Seam(_Seam):
-    _compiling = staticmethod(torch.compiler.is_compiling)
+    def _compiling(self) -> bool:
+        return torch.compiler.is_compiling()

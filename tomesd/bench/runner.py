@@ -277,6 +277,11 @@ def _measure(settings: Settings, kit: Any, model: Any, loop: List[Tuple[Any, ...
             row.compiled_vs_eager = _relative(compiled_out, out)
     if not settings.compile and kit.name == "torch":
         _count_host_work(rows, configs, prepared, kit, model, kept, inputs)
+    for cfg, copy in kept.items():  # the copies' patches go with the run (the reference's patch is its own)
+        if cfg.method == "tome":
+            import tomesd
+
+            tomesd.remove_patch(copy)
     base = rows[Config("baseline")]
     for row in rows.values():
         row.speedup = base.time_s / row.time_s
@@ -290,6 +295,8 @@ def _count_host_work(rows: Dict[Config, Row], configs: List[Config], prepared: A
     from .host_cost import host_work, reduced_blocks
 
     for cfg in configs:
+        if cfg.cache is not None:  # a step cache's calls differ from step to step: one forward says little
+            continue
         with prepared(cfg):
             target = kept.get(cfg, model)
             forward = lambda: kit.forward(target, inputs)  # noqa: E731
@@ -299,6 +306,8 @@ def _count_host_work(rows: Dict[Config, Row], configs: List[Config], prepared: A
             if cfg.method == "tome":
                 row.reduced_blocks = reduced_blocks(target, forward)
     base = rows[Config("baseline")]
+    if base.launches is None:
+        return
     ours = {(r.ratio, r.cache): r.reduced_blocks for r in rows.values() if r.method == "tome" and r.mode == "merge"}
     for cfg, row in rows.items():
         blocks = row.reduced_blocks if cfg.method == "tome" else ours.get((cfg.ratio, cfg.cache))
