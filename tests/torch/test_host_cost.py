@@ -1,7 +1,7 @@
 """ToMe's host work per block it reduces, held under a ceiling per family, so it cannot grow back unseen.
 
 On a GPU in eager mode every kernel launch and every Python call of ToMe's hot path is paid on every block of every
-step (docs/performance.md, "Host cost"). The counts are machine-independent: launches are the aten ops one forward
+step (docs/host-cost.md). The counts are machine-independent: launches are the aten ops one forward
 dispatches (views and metadata left out), Python calls are sys.setprofile's "call" events (tomesd/bench/host_cost.py).
 Each ceiling is the count measured when it was set plus some 15%; a change that adds host work fails here and either
 earns it back or raises the ceiling on purpose. The counts are environment (a)'s (current torch and diffusers): the
@@ -38,13 +38,13 @@ MEASURED = {
 
 # The yardsticks (host_cost.NARROW): each model's real block structure at a tiny width, batch 2, an 8x8 latent, the
 # defaults of each mode. The issue's goals: merge <= 20 launches and <= 50 Python calls per merged block,
-# downsample <= 3 and <= 20 (docs/performance.md says which are met).
+# downsample <= 3 and <= 20 (docs/host-cost.md says which are met).
 YARDSTICKS = {
-    ("sd1.5", "merge"): (18.4, 61.4), ("sd1.5", "downsample"): (2.2, 35.8),
-    ("sdxl", "merge"): (16.2, 57.2), ("sdxl", "downsample"): (1.6, 32.9),
-    ("sd3", "merge"): (14.9, 54.8), ("sd3", "downsample"): (1.2, 36.2),
-    ("flux", "merge"): (30.9, 110.5), ("flux", "downsample"): (2.5, 49.1),
-    ("wan", "merge"): (21.6, 75.2), ("wan", "downsample"): (2.4, 52.5),
+    ("sd1.5", "merge"): (18.4, 61.8), ("sd1.5", "downsample"): (2.2, 36.2),
+    ("sdxl", "merge"): (16.2, 57.4), ("sdxl", "downsample"): (1.6, 33.1),
+    ("sd3", "merge"): (14.9, 54.9), ("sd3", "downsample"): (1.2, 36.3),
+    ("flux", "merge"): (30.9, 114.7), ("flux", "downsample"): (2.5, 53.3),
+    ("wan", "merge"): (21.6, 75.3), ("wan", "downsample"): (2.4, 57.6),
 }
 
 

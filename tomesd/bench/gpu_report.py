@@ -73,7 +73,7 @@ def entries() -> List[Entry]:
         runs += [_run(f"{title} + {cache}", cost, model[0], model[1], model[2], *model[3:], *LOOP, "--cache", cache)
                  for cache in names]
     # The settings that cut more FLOPs (issue 52's item 4: r=0.75, merge_mlp, proportional attention's cost beside
-    # plain ToMe) on the host path cut to a tenth (docs/performance.md, "Host cost"), eager.
+    # plain ToMe) on the cut host path (docs/host-cost.md), eager.
     settings = ("--ratios", "0.5,0.75", "--modes", "merge,merge-mlp,merge-prop")
     runs[7:7] = [
         _run("SD3 1024² settings", 25, "sd3", "1024", half, *EAGER, *settings),
