@@ -106,7 +106,7 @@ def compute_merges(xp: Backend, metric: Any, w: int, h: int, sx: int, sy: int, r
         with xp.no_grad():
             return compute_merges(xp, metric, w, h, sx, sy, rs, offsets, partition, memo)
     order, position = partition if partition is not None else grid_partition(xp, metric, w, h, sx, sy, offsets)
-    matching = Matching(xp, metric, order, position, (h // sy) * (w // sx), memo)
+    matching = Matching(xp, metric, order, position, (h // sy) * (w // sx), memo, shape=(b, n))
     if len(rs) == 1:
         return {rs[0]: matching.merge(rs[0])}
     return {r: matching.merge(r) for r in sorted(set(rs)) if r > 0}
@@ -124,8 +124,8 @@ class Matching:
     and calls (None: built here)."""
 
     def __init__(self, xp: Backend, metric: Any, order: Any, position: Any, num_dst: int,
-                 memo: Optional[Dict[Any, Any]] = None, images: Any = None):
-        b, n, _ = xp.shape(metric)
+                 memo: Optional[Dict[Any, Any]] = None, images: Any = None, shape: Optional[Tuple[int, ...]] = None):
+        b, n = (xp.shape(metric) if shape is None else shape)[:2]  # `shape`: the caller's reading of metric's
         self.xp, self.b, self.n, self.num_dst, self.num_src = xp, b, n, num_dst, n - num_dst
         self.order, self.position, self.like, self.memo = order, position, metric, memo
         unit = xp.take(xp.l2_normalize(metric, -1), order, 1)  # src tokens, then dst tokens
@@ -135,21 +135,18 @@ class Matching:
         node_max, self.node_idx = xp.max_with_indices(scores, -1)  # best dst for each src
         self.edge_order = xp.argsort(node_max, -1, True)  # src positions, most similar first
 
-    def _rows(self, r: int) -> Tuple[Any, Any, Any]:
+    def _rows(self, r: int, key: Any) -> Tuple[Any, Any, Any]:
         """For merging r: each sample's first merged row plus the unmerged count [B, 1], the unmerged src tokens'
         rows [B, S - r] and the dst tokens' [B, D], each offset by its sample's first row in the flat merged
-        batch."""
-        key = ("rows", self.xp.name, getattr(self.like, "device", None), self.b, self.n, self.num_dst, r)
-        memo = {} if self.memo is None else self.memo
-        rows = memo.get(key)
-        if rows is None:
-            xp, b, num_dst = self.xp, self.b, self.num_dst
-            m, num_unm = self.n - r, self.num_src - r
-            first = xp.reshape(xp.arange(b * m, self.like, step=m), [b, 1])
-            rows = (first + num_unm,
-                    xp.reshape(xp.arange(num_unm, self.like), [1, num_unm]) + first,
-                    xp.reshape(xp.arange(num_dst, self.like), [1, num_dst]) + (first + num_unm))
-            memo[key] = rows
+        batch; kept in the memo under `key`."""
+        xp, b, num_dst = self.xp, self.b, self.num_dst
+        m, num_unm = self.n - r, self.num_src - r
+        first = xp.reshape(xp.arange(b * m, self.like, step=m), [b, 1])
+        rows = (first + num_unm,
+                xp.reshape(xp.arange(num_unm, self.like), [1, num_unm]) + first,
+                xp.reshape(xp.arange(num_dst, self.like), [1, num_dst]) + (first + num_unm))
+        if self.memo is not None:
+            self.memo[key] = rows
         return rows
 
     def merge(self, r: int) -> TokenMerge:
@@ -157,7 +154,9 @@ class Matching:
         the unmerged src tokens in similarity order, then every dst token in partition order."""
         xp, b, n = self.xp, self.b, self.n
         r = min(r, self.num_src)
-        first, unmerged, dst = self._rows(r)
+        key = ("rows", xp.name, getattr(self.like, "device", None), b, n, self.num_dst, r)
+        rows = None if self.memo is None else self.memo.get(key)  # kept from an earlier block or call
+        first, unmerged, dst = rows if rows is not None else self._rows(r, key)
         # Rows in similarity order: the first r src go to their dst's row, the rest to rows 0..S-r-1 in turn; the
         # inverse of edge_order puts them back in src order, and position in token order.
         merged = xp.take_along(self.node_idx, self.edge_order[:, :r], 1) + first
@@ -318,7 +317,7 @@ def compute_coordinate_merges(xp: Backend, metric: Any, coords: Sequence[Any], s
             images = xp.take(images, partition[0], 0)
     order, position, num_dst = partition
     if per_sample or b == 1:  # a batch of one is matched on its own metric either way
-        matching = Matching(xp, metric, order, position, num_dst, memo, images)
+        matching = Matching(xp, metric, order, position, num_dst, memo, images, shape=(b, n))
         merges = {r: matching.represented_merge(r) for r in sorted(set(rs)) if r > 0}
         if not per_sample:
             for merge in merges.values():

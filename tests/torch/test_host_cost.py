@@ -40,11 +40,11 @@ MEASURED = {
 # defaults of each mode. The goals: merge <= 20 launches and <= 50 Python calls per merged block,
 # downsample <= 3 and <= 20 (docs/host-cost.md says which are met).
 YARDSTICKS = {
-    ("sd1.5", "merge"): (18.4, 61.8), ("sd1.5", "downsample"): (2.2, 36.2),
-    ("sdxl", "merge"): (16.2, 57.4), ("sdxl", "downsample"): (1.6, 33.1),
-    ("sd3", "merge"): (14.9, 54.9), ("sd3", "downsample"): (1.2, 36.3),
-    ("flux", "merge"): (30.9, 114.7), ("flux", "downsample"): (2.5, 53.3),
-    ("wan", "merge"): (21.6, 75.3), ("wan", "downsample"): (2.4, 57.6),
+    ("sd1.5", "merge"): (18.4, 53.8), ("sd1.5", "downsample"): (2.2, 33.2),
+    ("sdxl", "merge"): (16.2, 49.4), ("sdxl", "downsample"): (1.6, 30.1),
+    ("sd3", "merge"): (14.9, 46.9), ("sd3", "downsample"): (1.2, 33.3),
+    ("flux", "merge"): (30.9, 110.7), ("flux", "downsample"): (2.5, 52.3),
+    ("wan", "merge"): (21.6, 69.3), ("wan", "downsample"): (2.4, 56.6),
 }
 
 

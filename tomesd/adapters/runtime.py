@@ -21,7 +21,7 @@ from .install import (
     add_hook, install_downsample, install_merge, open_seam, remove_owned_hooks, rows_per_sample, seat_span_cache,
 )
 from .kinds import BlockKind, Span, block_kind, in_temporal_container
-from .layouts import layout_of
+from .layouts import Layout, layout_of
 from .layouts_packed import Packed  # noqa: F401  (registers the "packed" layout with layout_of)
 from .layouts_image_first import PatchAxes  # noqa: F401  (registers "hunyuan_video" and "patch_axes")
 from .layouts_comfy_image_first import ComfyHiDreamGrid  # noqa: F401  (registers ComfyUI's image-first layouts)
@@ -86,6 +86,9 @@ class ToMePatch:
         self.kinds: List[BlockKind] = [block_kind(block) for block in self.blocks]
         self.kind_names = [type(block).__name__ for block in self.blocks]
         self.layout = layout_of(root, root_kind(root), xp)
+        # Whether the layout keeps the base image_tokens and placed (the whole input; a head and a tail alone to place)
+        self.plain_layout = all(getattr(type(self.layout), name) is getattr(Layout, name)
+                                for name in ("image_tokens", "placed"))
         self.latent_spec = InputSpec.find(root, LATENT, first_positional=True)
         self.timestep_spec = InputSpec.find(root, TIMESTEP, first_positional=False)
         self.matcher = Matcher(self)
@@ -307,8 +310,13 @@ class ToMePatch:
         """Block `index`'s merge, from its input `x`; `grad`: gradients were on when the block was entered."""
         watch = call.watch
         started = None if watch is None else watch.start()
-        matching = self.matcher.block_merge(index, block, self.layout.image_tokens(call, x, index), call, grad)
-        merge = self.layout.placed(call, x, index, matching)
+        layout = self.layout
+        # The base layout's image tokens are the whole input and its placing has nothing to place without a head or
+        # a tail: both skipped there (every block of every call asks).
+        plain = self.plain_layout and not call.tail and not call.head
+        matching = self.matcher.block_merge(index, block, x if plain else layout.image_tokens(call, x, index), call,
+                                            grad)
+        merge = matching if plain else layout.placed(call, x, index, matching)
         if call.restore is not None and merge is not None:
             call.restoring[index] = (matching, merge)
             if call.restore.keep:

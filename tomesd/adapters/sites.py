@@ -53,7 +53,10 @@ class BlockEntry(SiteHook):
         self.spec = spec
 
     def pre(self, module: Any, args: tuple, kwargs: dict) -> None:
-        self.patch.enter_block(self.index, module, self.spec.get(args, kwargs))
+        spec = self.spec  # InputSpec.get inline: every block of every call
+        self.patch.enter_block(self.index, module,
+                               args[spec.index] if spec.index is not None and len(args) > spec.index
+                               else kwargs.get(spec.name))
 
 
 class MergeSite(SiteHook):
@@ -69,8 +72,10 @@ class MergeSite(SiteHook):
         self.weighs = key_weights.weighs(patch, layer.flag)  # proportional attention over its merged keys
 
     def pre(self, module: Any, args: tuple, kwargs: dict) -> Any:
-        # The image tokens, or a sequence ending with them (CogVideoX's feed-forward sees [text, image]).
-        tokens = self.spec.get(args, kwargs)
+        # The image tokens, or a sequence ending with them (CogVideoX's feed-forward sees [text, image]); InputSpec.get
+        # inline (every merging site of every block asks).
+        spec = self.spec
+        tokens = args[spec.index] if spec.index is not None and len(args) > spec.index else kwargs.get(spec.name)
         patch = self.patch
         call = patch.calls.top()
         merge = patch.call_merge(call, self.index, self.layer.flag, tokens)
@@ -81,7 +86,9 @@ class MergeSite(SiteHook):
             if rows is not None:
                 rows = self._follow(merge, rows, module)
                 args, kwargs = self.rotary.replace(args, kwargs, rows)
-        mask = None if self.mask is None else self.mask.get(args, kwargs)
+        mask = self.mask
+        if mask is not None:  # InputSpec.get inline
+            mask = args[mask.index] if mask.index is not None and len(args) > mask.index else kwargs.get(mask.name)
         if mask is not None and not self.mask_axes:
             raise ValueError(MASKED_SELF_ATTENTION)
         if mask is not None:  # each merged row's entries are its representative's
@@ -104,7 +111,10 @@ class MergeSite(SiteHook):
                                  f"merge_attn=False")
             if given is not None:
                 args, kwargs = spec.replace(args, kwargs, merged)
-        return self.spec.replace(args, kwargs, merged)
+        i = self.spec.index  # InputSpec.replace inline
+        if i is not None and len(args) > i:
+            return args[:i] + (merged,) + args[i + 1:], kwargs
+        return args, {**kwargs, self.spec.name: merged}
 
     def _follow(self, merge: Any, rows: Any, module: Any = None) -> Any:
         layer, item = self.layer, self.layer.rotary_item
