@@ -154,7 +154,9 @@ class Matching:
         the unmerged src tokens in similarity order, then every dst token in partition order."""
         xp, b, n = self.xp, self.b, self.n
         r = min(r, self.num_src)
-        key = ("rows", xp.name, getattr(self.like, "device", None), b, n, self.num_dst, r)
+        # A string key: paddle's SOT translator cannot simulate a dict keyed by tuples
+        device = getattr(self.like, "device", None) or getattr(self.like, "place", None)
+        key = f"rows {xp.name} {device} {b} {n} {self.num_dst} {r}"
         rows = None if self.memo is None else self.memo.get(key)  # kept from an earlier block or call
         first, unmerged, dst = rows if rows is not None else self._rows(r, key)
         # Rows in similarity order: the first r src go to their dst's row, the rest to rows 0..S-r-1 in turn; the
