@@ -2,7 +2,6 @@
 token count), and the plan of a block on one patch grid (diffusion transformers), under a ToMeArgs."""
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Optional, Tuple
@@ -16,7 +15,6 @@ def level_of(latent_hw: Tuple[int, int], num_tokens: int) -> int:
     return int(math.ceil(math.sqrt((h * w) // num_tokens)))
 
 
-@functools.lru_cache(maxsize=4096)  # pure, and asked per block per call: a hit runs no Python
 def block_grid(latent_hw: Tuple[int, int], num_tokens: int) -> Optional[Tuple[int, int, int]]:
     """(level, h, w) of a block's token grid, or None when no level explains `num_tokens`.
 
@@ -59,7 +57,6 @@ def _site_r(args: "ToMeArgs", num_tokens: int, ratio: Optional[float] = None) ->
     return max(r for _, r in site_r), site_r
 
 
-@functools.lru_cache(maxsize=4096)
 def plan_level_block(
     args: ToMeArgs, latent_hw: Tuple[int, int], batch: int, num_tokens: int, finest_level: int,
     ratio: Optional[float] = None,
@@ -95,7 +92,6 @@ def plan_level_block(
     )
 
 
-@functools.lru_cache(maxsize=4096)
 def plan_grid_block(args: ToMeArgs, grid_hw: Tuple[int, int], batch: int, num_tokens: int, index: int,
                      ratio: Optional[float] = None) -> Optional[BlockPlan]:
     """What block `index` of a diffusion transformer gets, or None when it is left alone.

@@ -161,7 +161,9 @@ class ToMePatch:
     def park(self, blocks: List[int]) -> None:
         """Take off the hooks of `blocks`, which the layout found never reduce (a UNet's blocks below the levels
         ToMe merges: which level a block sits at is its architecture's), so that they cost nothing from the next
-        call on. Eager calls only; remove_patch takes off the rest as ever."""
+        call on. Eager calls only; remove_patch takes off the rest as ever. (A later call whose finest attention level
+        no block's token count explains, an odd latent size, would have taken a deeper level as the finest: its
+        blocks there stay parked and unmerged, never merged wrongly.)"""
         idle = set(blocks)
 
         def owns(target: Any) -> bool:
