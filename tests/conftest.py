@@ -19,7 +19,7 @@ def _process_state():
     the active one), grad mode and the default dtype. Only what is already imported is looked at (the core's
     environment has no torch)."""
     state = {}
-    runtime = sys.modules.get("tomesd.adapters.runtime")
+    runtime = sys.modules.get("tomesd.runtime.tome_patch")
     if runtime is not None:
         state["ToMe patches still hooked on a model"] = sorted(
             f"{type(patch.root).__name__} (id {id(patch.root)})" for patch in list(runtime.HOOKED))
@@ -94,7 +94,7 @@ def _restore(before):
     for name in ("torch", "paddle"):
         if name in sys.modules and getattr(sys.modules[name], "__file__", 1) is None:
             del sys.modules[name]
-    runtime = sys.modules.get("tomesd.adapters.runtime")
+    runtime = sys.modules.get("tomesd.runtime.tome_patch")
     if runtime is not None:
         for patch in list(runtime.HOOKED):
             patch.remove()

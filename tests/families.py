@@ -28,7 +28,7 @@ class Family:
     one_matching: bool  # one matching serves the batch (the token grid is shared: Flux ids, space-time grids)
     grids: Tuple[dict, dict]  # two token grids of different sizes (for concurrent calls at two resolutions)
     patch: dict = None  # apply_patch arguments under which the family merges (default ratio=0.5)
-    root: str = ""  # the runtime's root kind (tomesd.adapters.roots) this family stands for
+    root: str = ""  # the runtime's root kind (tomesd/families/) this family stands for
     host_class: str = ""  # the diffusers class it needs, where older diffusers (env b's 0.32) lacks it
     merged_blocks: Tuple[int, ...] = ()  # the blocks whose self-attention merges under `patch`, on the first grid
     host_reads: str = ""  # why the host's own forward cannot run on the meta device ("": it can)

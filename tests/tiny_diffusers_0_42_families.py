@@ -1,4 +1,4 @@
-"""Tiny denoisers of diffusers 0.42's later families (tomesd/adapters/roots_diffusers_0_42.py), from diffusers' own test
+"""Tiny denoisers of diffusers 0.42's later families (tomesd/families/), from diffusers' own test
 configs (tests/models/transformers/test_models_transformer_<name>.py) with one block, and keyword inputs for one
 forward as their pipelines build them."""
 import torch

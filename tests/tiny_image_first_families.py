@@ -1,7 +1,7 @@
 """Tiny transformers whose blocks join [image, text] with the image first under the root's key-padding mask
-(tomesd/adapters/kinds_image_first.py): HunyuanVideo and HunyuanImage 2.1, configs from diffusers' own tests (one
-double-stream and one single-stream block each), random weights, and keyword inputs for one forward as their
-pipelines build them."""
+(tomesd/families/video/hunyuan_video.py, image/hunyuan_image.py): HunyuanVideo and HunyuanImage 2.1, configs from
+diffusers' own tests (one double-stream and one single-stream block each), random weights, and keyword inputs for one
+forward as their pipelines build them."""
 import torch
 
 from tiny_torch import randomize_

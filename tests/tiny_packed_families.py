@@ -1,5 +1,5 @@
 """Tiny denoisers over a packed latent [B, N, C] whose token grid comes from the forward's arguments (layout
-"packed", tomesd/adapters/layouts_packed.py): LTX-Video and Qwen-Image (and Qwen-Image-Edit's reference tokens), with
+"packed", tomesd/layouts/packed.py): LTX-Video and Qwen-Image (and Qwen-Image-Edit's reference tokens), with
 keyword inputs for one forward as their pipelines build them. Configs from diffusers' own tests
 (tests/models/transformers/test_models_transformer_ltx.py, ..._qwenimage.py), two layers each."""
 import torch

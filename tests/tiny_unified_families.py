@@ -1,5 +1,5 @@
 """Tiny denoisers whose main layers run on one unified sequence of image and text tokens with padding (layout
-"unified", tomesd/adapters/layouts_unified.py): Z-Image and Lumina 2, with keyword inputs for one forward as their
+"unified", tomesd/layouts/unified.py): Z-Image and Lumina 2, with keyword inputs for one forward as their
 pipelines build them. Configs from diffusers' own tests (tests/models/transformers/test_models_transformer_z_image.py,
 ..._lumina2.py): one refiner layer of each kind, one or two main layers."""
 import torch

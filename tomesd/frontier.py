@@ -259,7 +259,7 @@ def _flops(bench: Any, configs: List[Any], notes: List[str]) -> List[Optional[fl
 
     def count(config: Any) -> Tuple[int, Dict[str, Dict[Any, int]], List[Tuple[Any, str]]]:
         """The forward's FLOPs, also per module and op, and the attentions the patch downsamples (name, way)."""
-        from .adapters.targets import installed_patches
+        from .hosts.targets import installed_patches
 
         with kit.method(model, config, bench), FlopCounterMode(display=False) as counter:
             kit.forward(model, inputs)

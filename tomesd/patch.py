@@ -6,7 +6,7 @@ from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
 from tome_core import ToMeArgs
 
-from .adapters import targets
+from .hosts import targets
 from .config import CONFIGS, ToDoConfig, ToMeConfig
 
 

@@ -119,7 +119,7 @@ def family(request):
 
 
 def test_every_comfyui_root_kind_is_tested_here():
-    from tomesd.adapters.roots import ROOT_KINDS
+    from tomesd.families import ROOT_KINDS
 
     comfy_kinds = {kind.family for kind in ROOT_KINDS if kind.family.endswith("(ComfyUI)")}
     assert comfy_kinds <= {root for root, _ in EXPECTED.values()}

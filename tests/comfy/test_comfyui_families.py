@@ -79,8 +79,8 @@ def test_diffusers_class_of_the_same_name_keeps_its_own_root_and_block_entries()
     module, and diffusers' class is read by its own ("packed" layout, rows item 0 following the merged tokens)."""
     from diffusers import QwenImageTransformer2DModel
 
-    from tomesd.adapters.kinds import block_kind
-    from tomesd.adapters.roots import root_kind
+    from tomesd.families import block_kind
+    from tomesd.families import root_kind
 
     net = QwenImageTransformer2DModel(patch_size=2, in_channels=16, out_channels=4, num_layers=1, attention_head_dim=16,
                                       num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(4, 6, 6)).eval()

@@ -13,7 +13,7 @@ import tomesd
 comfy_host.import_comfy()
 
 from tome_core import ToMeArgs  # noqa: E402
-from tomesd.adapters.comfy import APPLY_MODEL, WRAPPER_KEY, ComfyToMe  # noqa: E402
+from tomesd.hosts.comfyui_patcher import APPLY_MODEL, WRAPPER_KEY, ComfyToMe  # noqa: E402
 from tomesd.comfyui.nodes import ToDo, ToMe  # noqa: E402
 
 SIGMA = torch.full((2,), 0.8)

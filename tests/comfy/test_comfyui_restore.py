@@ -34,7 +34,7 @@ def test_restore_without_reuse_is_refused_naming_reuse_steps():
 def test_the_merged_steps_add_the_residuals_their_window_kept(monkeypatch):
     """The node puts new hooks on the model at each of its calls: the residuals kept at a window's unmerged step are
     found again by the later calls' hooks, and every merged site of those steps adds one."""
-    from tomesd.adapters import restore
+    from tomesd.runtime import restore
 
     added = []
     add = restore.add

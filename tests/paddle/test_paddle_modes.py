@@ -7,7 +7,7 @@ import torch
 import tiny_paddle as TP
 import tiny_torch as T
 import tomesd
-from tomesd.adapters.runtime import PATCH_ATTR
+from tomesd.runtime.tome_patch import PATCH_ATTR
 
 TOL = 2e-4
 

@@ -6,7 +6,7 @@ import pytest
 import tiny_paddle as P
 import tiny_torch as T
 import tomesd
-from tomesd.adapters.runtime import PATCH_ATTR
+from tomesd.runtime.tome_patch import PATCH_ATTR
 
 
 @pytest.mark.parametrize("num_controlnets", [1, 2], ids=["controlnet", "multi-controlnet"])
@@ -48,7 +48,7 @@ def test_denoisers_held_in_a_plain_list_are_patched(tmp_path):
     unmerged; ours opens the list."""
     from ppdiffusers import DiffusionPipeline
 
-    from tomesd.apply_tome import builtin_methods
+    from tomesd.hosts.ppdiffusers import builtin_methods
 
     pipe = P.controlnet_pipeline(tmp_path, 2)
     nets = list(pipe.controlnet.nets)

@@ -11,7 +11,7 @@ import tiny_paddle as P
 import tome_core
 import tomesd
 from paddle_probes import count_host_reads
-from tomesd.adapters.runtime import PATCH_ATTR
+from tomesd.runtime.tome_patch import PATCH_ATTR
 
 TOL = 1e-5  # gradients: fp32 round-off of a recomputed forward (reentrant recompute)
 

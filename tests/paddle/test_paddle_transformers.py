@@ -8,7 +8,7 @@ import torch
 import tiny_paddle as TP
 import tiny_torch as T
 import tomesd
-from tomesd.adapters.runtime import PATCH_ATTR
+from tomesd.runtime.tome_patch import PATCH_ATTR
 
 # fp32 round-off relative to the output's size: the strong random weights amplify it through the blocks
 # (outputs reach ~18; unpatched, the frameworks differ by up to 5e-5 of that, patched by up to 2.1e-4).

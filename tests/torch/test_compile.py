@@ -13,7 +13,7 @@ import tiny_torch as T
 import tomesd
 from probes import CountingBackend, OpCounter
 from references import load_tomesd_ref
-from tomesd.adapters.runtime import PATCH_ATTR
+from tomesd.runtime.tome_patch import PATCH_ATTR
 
 LAYOUTS = {"sd1": T.SD1_UNET, "sdxl": T.SDXL_UNET}
 STEPS = (999.0, 500.0, 21.0)  # a scheduler's timesteps, passed as 0-d tensors as pipelines do

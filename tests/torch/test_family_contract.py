@@ -265,7 +265,7 @@ def test_every_root_kind_is_held_to_the_contract():
     """Each denoiser family the runtime knows (its root-kind table) has an entry in tests/families.py, so a
     family added to the runtime is tested by this file (refused roots excepted; ComfyUI's own model classes are
     held to the contract of tests/comfy/test_comfyui.py)."""
-    from tomesd.adapters.roots import ROOT_KINDS, UNET
+    from tomesd.families import ROOT_KINDS, UNET
 
     known = {kind.family for kind in ROOT_KINDS + (UNET,) if not kind.refused and not kind.family.endswith("(ComfyUI)")}
     assert known == {family.root for family in FAMILIES.values()}

@@ -18,7 +18,7 @@ import torch
 
 import tiny_torch as T
 import tomesd
-from tomesd.adapters.runtime import PATCH_ATTR
+from tomesd.runtime.tome_patch import PATCH_ATTR
 
 TOL = 1e-5
 EFFECT = 0.05  # the least change ToMe must make to an output for a check to count as "still merging"
@@ -270,7 +270,7 @@ def test_random_pattern_changes_with_the_timestep(bases, monkeypatch):
     """The dst offsets drawn per merging block differ between t=10 and t=20, and repeat exactly for the
     same t; with use_rand=False no offsets are drawn. A call draws every block's pattern at once (one row a block)
     and partitions them in one go, at its first block on each grid."""
-    import tomesd.adapters.matcher as matcher
+    import tomesd.runtime.matcher as matcher
 
     calls = []
     original = matcher.grid_partitions

@@ -89,7 +89,7 @@ def test_a_yardsticks_host_work_per_reduced_block_stays_under_its_ceiling(name, 
 
 def _hooked_by(patch, module):
     """The hooks of `patch` on `module` (forward hooks, and links seated in its forward chain)."""
-    from tomesd.adapters.install import _owner, owned_by
+    from tomesd.runtime.install import _owner, owned_by
 
     found = [h for table in (module._forward_pre_hooks, module._forward_hooks) for h in table.values()
              if owned_by(_owner(h), patch)]

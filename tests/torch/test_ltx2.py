@@ -1,4 +1,4 @@
-"""LTX-2 (diffusers' LTX2VideoTransformer3DModel; tomesd/adapters/kinds_ltx2.py): the video stream's tokens merge
+"""LTX-2 (diffusers' LTX2VideoTransformer3DModel; tomesd/families/video/ltx.py): the video stream's tokens merge
 around its self-attention, its text cross-attention, its audio-to-video cross-attention (video queries over the
 audio) and its feed-forward; the audio stream's sub-layers, and the video-to-audio cross-attention (audio queries
 over the video), never see a merged token. Its rotary rows ([B, S, D], or [B, heads, S, D/2] split) follow the

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import tiny_torch as T
 import tomesd
 from threads import Overlap, run_in_threads
-from tomesd.adapters.runtime import PATCH_ATTR
+from tomesd.runtime.tome_patch import PATCH_ATTR
 
 TOL = 1e-5
 

@@ -1,4 +1,4 @@
-"""The "packed" layout (tomesd/adapters/layouts_packed.py): a packed latent [B, N, C] whose token grid is in the
+"""The "packed" layout (tomesd/layouts/packed.py): a packed latent [B, N, C] whose token grid is in the
 forward's arguments. Qwen-Image-Edit's reference images (entries of img_shapes after the target's) pass whole; LTX-Video
 with a timestep per token (LTXImageToVideoPipeline) merges, its modulation staying on every token outside the sites;
 what gives no grid ToMe can read is refused by name (LTXConditionPipeline's video_coords, a miscounted grid,
@@ -155,7 +155,7 @@ def test_qwen_image_21_is_refused_by_name(name):
     cls = getattr(diffusers, name, None)
     if cls is None:
         pytest.skip(f"diffusers {diffusers.__version__} has no {name}")
-    from tomesd.adapters.roots import refusal
+    from tomesd.families import refusal
 
     # The class itself, with nothing built: ToMe refuses it by its name before looking at its blocks.
     model = type("Unbuilt", (cls,), {"__init__": lambda self: torch.nn.Module.__init__(self)})()

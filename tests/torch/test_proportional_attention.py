@@ -70,7 +70,7 @@ def _patched(family, model, **extra):
 
 def _refuses_weights(family, model, setting=None):
     """A kind whose attention has no softmax (Sana's linear attention) refuses the weights before patching."""
-    from tomesd.adapters.kinds import block_kind
+    from tomesd.families import block_kind
 
     if not any(block_kind(m) is not None and block_kind(m).no_weights for m in model.modules()):
         return False
@@ -293,8 +293,8 @@ def test_under_context_parallelism_the_weights_move_to_the_dispatch_or_are_refus
     """At the first call that finds a context-parallel split, the weights join the keys at diffusers' attention
     dispatch, before the ranks exchange them (test_context_parallel.py runs it on gloo); a weighed attention whose
     processor does not call the dispatch is refused by name."""
-    from tomesd.adapters import key_weights
-    from tomesd.adapters.runtime import PATCH_ATTR
+    from tomesd.runtime import key_weights
+    from tomesd.runtime.tome_patch import PATCH_ATTR
 
     family = FAMILIES["flux"]
     model = family.build().eval()

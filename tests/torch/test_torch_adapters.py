@@ -7,7 +7,7 @@ import tiny_torch as T
 import tomesd
 from references import load_tomesd_ref
 from threads import concurrent_calls
-from tomesd.adapters.runtime import PATCH_ATTR
+from tomesd.runtime.tome_patch import PATCH_ATTR
 
 ref = load_tomesd_ref()
 TOL = 1e-4
@@ -347,7 +347,7 @@ def test_newer_block_variant_equals_its_own_math_with_merge_placed_by_hand():
 @pytest.mark.parametrize("bad_call", ["not-a-latent", "no-latent"])
 def test_a_rejected_call_leaves_an_enclosing_call_intact(sd1_unet, bad_call):
     """A root called with a non-latent or without its latent is refused; an enclosing call's state survives."""
-    from tomesd.adapters.calls import CallState
+    from tomesd.runtime.calls import CallState
 
     tomesd.apply_patch(sd1_unet, use_rand=False)
     try:

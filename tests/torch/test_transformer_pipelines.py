@@ -6,8 +6,8 @@ import torch
 
 import tiny_torch as T
 import tomesd
-from tomesd.adapters.kinds import KNOWN_BLOCKS
-from tomesd.adapters.runtime import PATCH_ATTR
+from tomesd.families import KNOWN_BLOCKS
+from tomesd.runtime.tome_patch import PATCH_ATTR
 
 PIPELINES = {
     "flux": (lambda: T.flux_pipeline(), T.run_flux_pipeline),

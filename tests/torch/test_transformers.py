@@ -16,7 +16,7 @@ from probes import (
 )
 from threads import concurrent_calls
 from tome_core import bipartite_soft_matching_random2d
-from tomesd.adapters.runtime import PATCH_ATTR
+from tomesd.runtime.tome_patch import PATCH_ATTR
 
 TOL = 1e-5
 KINDS = ("sd3", "sd35", "pixart", "dit")

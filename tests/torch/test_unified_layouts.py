@@ -1,4 +1,4 @@
-"""Unified sequences (tomesd/adapters/layouts_unified.py): Z-Image's and Lumina 2's main layers run on one sequence
+"""Unified sequences (tomesd/layouts/unified.py): Z-Image's and Lumina 2's main layers run on one sequence
 joining each sample's image and text, padded under a key-padding mask. ToMe merges the image's tokens only, found
 on the device wherever each sample's image starts: checked against the places written by hand (text and padding
 pass whole and in place, the mask and rotary rows fit the merged sequence), and against the same samples called

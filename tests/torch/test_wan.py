@@ -11,7 +11,7 @@ from probes import (
     assert_patch_equals_hooks_by_hand,
 )
 from tome_core import compute_coordinate_merges, compute_shared_merge, coordinate_partition, get_backend, rng
-from tomesd.adapters.runtime import PATCH_ATTR
+from tomesd.runtime.tome_patch import PATCH_ATTR
 
 TOL = 1e-5
 

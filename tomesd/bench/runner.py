@@ -321,8 +321,8 @@ def _count_host_work(rows: Dict[Config, Row], configs: List[Config], prepared: A
 
 def held_residuals(model: Any) -> Tuple[int, int]:
     """(bytes, tensors) of the restore_tokens residuals the patches on `model` keep (restore.py), this thread's."""
-    from ..adapters.restore import residual_bytes
-    from ..adapters.targets import installed_patches
+    from ..hosts.targets import installed_patches
+    from ..runtime.restore import residual_bytes
 
     caches = [p.clock.kept if p.clock is not None else p.matcher.steps.cache for p in installed_patches(model)]
     return sum(residual_bytes(p.xp, c) for p, c in zip(installed_patches(model), caches)), \

@@ -14,10 +14,9 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from tome_core import ToMeArgs
 
-from ..adapters.frameworks import framework_of, host_ops
-from ..adapters.kinds import block_kind, foreign_to_unets
-from ..adapters.roots import UNET, root_kind
-from ..adapters.runtime import transformer_blocks
+from ..backends.frameworks import framework_of, host_ops
+from ..families import UNET, block_kind, foreign_to_unets, root_kind
+from ..runtime.tome_patch import transformer_blocks
 
 # One dst token stays in each sx x sy (x st) cell and every other token can only merge into a dst, so at most
 # 1 - 1/(sx*sy*st) of the image tokens merge (tome_core.matching caps r at the src count): any larger ratio gives

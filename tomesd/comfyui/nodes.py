@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, Tuple
 from tome_core import ToMeArgs
 from tome_core.schedule import DOWNSAMPLE_METHODS
 
-from ..adapters.comfy import APPLY_MODEL, WRAPPER_KEY, ComfyToMe, diffusion_model_of
+from ..hosts.comfyui_patcher import APPLY_MODEL, WRAPPER_KEY, ComfyToMe, diffusion_model_of
 from .checks import (
     CELL, MAX_RATIO, ModelFacts, check_ratio, check_sites, check_todo, check_where, parse_blocks, parse_schedule,
     refusals,

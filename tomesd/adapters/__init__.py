@@ -1,1 +1,0 @@
-"""Patching real models: finding the denoisers in a pipeline, and the hooks that merge tokens."""

@@ -1,0 +1,1 @@
+"""Image denoisers, one module per family or close group (a lineage and the families built on its blocks)."""
