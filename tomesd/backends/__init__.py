@@ -1,8 +1,8 @@
-"""Framework implementations of tome_core's array ops and of the module hooks the adapters use.
+"""Framework implementations of tome_core's array ops and of the module hooks the runtime uses.
 
 Importing this package (which importing `tomesd` does) registers the torch and paddle backends with
 tome_core by loader: each submodule imports its framework, and is imported only when a tensor of that
-framework first reaches tome_core (or the adapters ask for its module ops), never on registration.
+framework first reaches tome_core (or the runtime asks for its module ops), never on registration.
 """
 from __future__ import annotations
 

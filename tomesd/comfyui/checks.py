@@ -2,7 +2,7 @@
 merging stops, `levels` / `blocks` that do not fit the model (echoing what was typed), a per-site ratio the model
 has no site for, and the ToDo node on models whose attention gives it no seam.
 
-The library's own refusals (tomesd.adapters) name its Python arguments and diffusers' remedies; a ComfyUI user
+The library's own refusals (tomesd.runtime, tomesd.families) name its Python arguments and diffusers' remedies; a ComfyUI user
 sees widgets, so the cases a node can meet are checked here first and worded for the node.
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ SITE_INPUTS = {
 
 _ROTATES = ("ComfyUI's {} rotates its keys inside each attention, after projecting them, and calls attention as "
             "a plain function, so no step hands ToDo the keys to downsample")
-# Why ToDo cannot run on ComfyUI's block kinds that refuse it (kinds.py's reasons name diffusers' remedies).
+# Why ToDo cannot run on ComfyUI's block kinds that refuse it (the block kinds' reasons name diffusers' remedies).
 _NO_TODO = {
     "JointBlock": "ComfyUI's SD3 / SD3.5 (MMDiT) projects queries, keys and values with one fused layer (qkv), "
                   "so its keys cannot be downsampled apart from its queries",
@@ -44,7 +44,7 @@ _NO_TODO = {
     "SingleStreamBlock": _ROTATES.format("{}"),
     "WanAttentionBlock": _ROTATES.format("Wan"),
     "QwenImageTransformerBlock": _ROTATES.format("Qwen-Image"),
-    # (Kinds of these names that refuse ToDo are ComfyUI's NextDiT's and LTX-Video's: kinds_comfy_nextdit.py.)
+    # (Kinds of these names that refuse ToDo are ComfyUI's NextDiT's and LTX-Video's: families/image/lumina.py, video/ltx.py.)
     "JointTransformerBlock": "ComfyUI's Lumina 2 / Z-Image (NextDiT) projects queries, keys and values with one fused "
                              "layer (qkv) and rotates them inside its attention, so its keys cannot be downsampled "
                              "apart from its queries",

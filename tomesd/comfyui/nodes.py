@@ -1,4 +1,4 @@
-"""The ToMe and ToDo nodes: MODEL in, a patched clone of it out (tomesd.adapters.comfy does the patching).
+"""The ToMe and ToDo nodes: MODEL in, a patched clone of it out (tomesd.hosts.comfyui_patcher does the patching).
 
 Imports nothing of ComfyUI at module level, so the pack's definitions load (and are tested) without it; the
 node functions import `comfy.patcher_extension` when they run inside ComfyUI.

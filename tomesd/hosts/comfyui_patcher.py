@@ -6,7 +6,7 @@ those, while some, SD3's MMDiT among them, call no DIFFUSION_MODEL wrappers), an
 calls the wrapper puts the patch's hooks on the diffusion model, whose root hook enters the call as on any
 host, and takes them off again. Another clone's calls find no hooks; a
 call in another thread finds them inert (a hook acts only inside a call its own thread entered). The blocks,
-sites and layouts are the ones every other host uses (kinds.py, roots.py): no ComfyUI forward is copied.
+sites and layouts are the ones every other host uses (tomesd/families/): no ComfyUI forward is copied.
 
 Start and stop as a share of the steps, and a ratio schedule, read the sampler's sigmas from ComfyUI's
 transformer_options on the host (one read per call, eager); without them the wrapper reads nothing.

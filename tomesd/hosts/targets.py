@@ -113,7 +113,7 @@ def build_patches(obj: Any, args: Any) -> List[ToMePatch]:
 
 
 # Hosts that keep their patches outside the model's modules register a finder of them here, when their adapter
-# is imported (comfy.py: a ComfyUI MODEL's ToMe node holds them; no such patch exists before it is imported).
+# is imported (comfyui_patcher.py: a ComfyUI MODEL's ToMe node holds them; no such patch exists before it is imported).
 PATCH_FINDERS: List[Callable[[Any], List[ToMePatch]]] = []
 
 

@@ -4,13 +4,12 @@ sample [image, its padding to a multiple of 32, caption, its padding], then zero
 per sample [text (its own valid length), image, zeros]. Their refiners are blocks of the same class: a noise
 refiner on the image alone (image first, then Z-Image's padding) and a context refiner on the text alone.
 
-Which blocks see the image, and where, is data (RootKind.sequence): by the container the block sits in. Each sample's image
-start is found on the device (0, or the text mask's sum per sample: Lumina 2's prompts of different lengths in one
-batch), never read on the host; the image tokens are gathered from there and matched on the image's (rows, cols)
-grid, and the matching is placed back into the whole sequence (tome_core's TokenMerge.placed): text, padding and
-every other token pass whole, each its own row, so no merged row holds a token that is not the image's. Rotary
-rows (with a batch axis) and the key-padding mask follow each merged row's representative (sites.MergeSite).
-"""
+Which blocks see the image, and where, is data (RootKind.sequence): by the container the block sits in. Each sample's
+image start is found on the device (0, or the text mask's sum per sample: Lumina 2's prompts of different lengths in one
+batch), never read on the host; the image tokens are gathered from there and matched on the image's (rows, cols) grid,
+and the matching is placed back into the whole sequence (tome_core's TokenMerge.placed): text, padding and every other
+token pass whole, each its own row, so no merged row holds a token that is not the image's. Rotary rows (with a batch
+axis) and the key-padding mask follow each merged row's representative (sites.MergeSite)."""
 from __future__ import annotations
 
 import inspect

@@ -25,7 +25,7 @@ class CallState:
                  "images", "eager")
 
     def __init__(self) -> None:
-        # The layout's reading of this call's token grid, from shapes only (layouts.py): the latent's
+        # The layout's reading of this call's token grid, from shapes only (tomesd/layouts/): the latent's
         # (h, w) on a UNet, the patch grid (h, w) of a diffusion transformer, (frames, rows, cols) of a
         # video transformer, Flux's (ids, N).
         self.grid: Any = None
@@ -39,7 +39,7 @@ class CallState:
         self.images: Any = None
         self.tail = 0  # reference tokens after the image's, passed whole (references.py: Flux Kontext)
         self.head = 0  # condition tokens before the image's in a block's input, passed whole (Framepack's history)
-        # A unified sequence's per-call reading (layouts_unified.py): the text lengths' source, the image's starts
+        # A unified sequence's per-call reading (layouts/unified.py): the text lengths' source, the image's starts
         self.unified: Dict[Any, Any] = {}
         self.timestep: Any = None
         self.key: Any = None  # computed at the call's first random draw, inside the forward

@@ -120,14 +120,14 @@ def validate(patch: Any) -> None:
             f"reuse_steps needs the timestep input to tell denoising steps apart, and "
             f"{name}.forward takes none of {TIMESTEP}"
         )
-    if getattr(layout, "guessed", False):  # a root in no family of roots.py, read as a UNet
+    if getattr(layout, "guessed", False):  # a root in no family of tomesd/families/, read as a UNet
         # A UNet's blocks are BasicTransformerBlocks; read as a UNet, blocks of a transformer family (Flux's, with
         # text before the image, or after it as HunyuanVideo's single blocks) would merge tokens by the wrong rule.
         foreign = foreign_to_unets(patch.blocks)
         if foreign:
             raise ValueError(
                 f"ToMe does not know {name}: its blocks ({', '.join(foreign)}) are of kinds ToMe merges in other "
-                f"families, but its own family is not in ToMe's table (tomesd/adapters/roots.py), and read as a UNet "
+                f"families, but its own family is not among ToMe's (tomesd/families/), and read as a UNet "
                 f"its tokens would merge by the wrong rule. Supported: {SUPPORTED}")
     layout.validate(patch)
     if layout.one_grid and args.max_downsample is not None:

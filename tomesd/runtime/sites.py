@@ -66,7 +66,7 @@ class MergeSite(SiteHook):
                  mask: Optional[InputSpec], mask_axes: Tuple[int, ...] = ()) -> None:
         super().__init__(patch, index)
         # mask: where a self-attention's attention_mask arrives (by name or by position); None elsewhere. It is
-        # refused, or gathered for the merged tokens along `mask_axes` (kind_types.MASK_AXES: a unified sequence's).
+        # refused, or gathered for the merged tokens along `mask_axes` (entries.MASK_AXES: a unified sequence's).
         self.layer, self.spec, self.rotary, self.mask, self.mask_axes = layer, spec, rotary, mask, mask_axes
         self.also = [InputSpec(name, None) for name in layer.also]
         self.weighs = key_weights.weighs(patch, layer.flag)  # proportional attention over its merged keys

@@ -2,7 +2,7 @@
 and the root's and blocks' entry hooks that set up each call. `install` and `remove` are each other's inverse.
 
 The host library's own forwards run unchanged. Per root model (a UNet, a diffusion transformer or a
-ControlNet): a pre-hook on the root reads this call's token grid (layouts.py) and timestep, doing no tensor
+ControlNet): a pre-hook on the root reads this call's token grid (tomesd/layouts/) and timestep, doing no tensor
 work; a pre-hook on each block of a known kind (kinds.BLOCK_KINDS) records the block's input, and the merge
 is computed from it at the block's first hooked sub-layer (matcher.py); the sub-layers' hooks (sites.py)
 merge and unmerge. Hooks are methods of small objects that point back at the patch (on paddle wrapped in a
@@ -125,7 +125,7 @@ class ToMePatch:
 
     def install(self, mark: bool = True) -> None:
         """Hook the root and the blocks; with `mark`, the root names its patch (PATCH_ATTR), as a patch that
-        stays does. A host that installs for one call only (ComfyUI: comfy.py) leaves the root unmarked.
+        stays does. A host that installs for one call only (ComfyUI: hosts/comfyui_patcher.py) leaves the root unmarked.
         `detach` undoes the hooks."""
         host, root_hooks = self.host, RootHooks(self)
         HOOKED.add(self)

@@ -5,9 +5,6 @@ rows (layout "ids"; ComfyUI's: "patchgrid"); double-stream blocks whose joint at
 single-stream blocks over them joined. Flux.3's single blocks see a reference image's tokens after the target's:
 layout "ids_cond" (CondIds, here).
 
-This module is longer than most: a dozen families share these block shapes, and keeping them together keeps what
-differs between them (masks, outputs, the reference's tail) side by side.
-
 ComfyUI's blocks are model code as its authors wrote it (Black Forest Labs' layout), not as diffusers re-wrote it:
 their attention is a function over fused projections, so they merge by spans (entries.Span) more than by sub-layers."""
 from __future__ import annotations
@@ -187,8 +184,8 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
              joined_references=("BriaFiboEditPipeline",),
              supported="the Bria FIBO transformer (torch)"),
     RootKind(family="Bria FIBO 2", classes=("BriaFibo2Transformer2DModel",), layout="levels",
-             refused=f"a unified sequence [gist, image, context images] with per-token noisy/clean modulation, {NOT_YET} "
-                     f"(BriaFiboTransformer2DModel merges); {RUN_WITHOUT}"),
+             refused=f"a unified sequence [gist, image, context images] with per-token noisy/clean modulation, "
+                     f"{NOT_YET} (BriaFiboTransformer2DModel merges); {RUN_WITHOUT}"),
     RootKind("LongCat-Image", ("LongCatImageTransformer2DModel",), "ids", ids="img_ids",
              joined_references=("LongCatImageEditPipeline",), supported="the LongCat-Image transformer (torch)"),
     RootKind("Ovis-Image", ("OvisImageTransformer2DModel",), "ids", ids="img_ids",

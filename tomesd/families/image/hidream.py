@@ -2,9 +2,10 @@
 block's input ([image, padding, text]: layout "image_first"; ComfyUI's "comfy_hidream", its patch an attribute and
 HiDream-E1's condition image refused at the call).
 
-The layout of ComfyUI's HiDream-I1 (comfy.ldm.hidream.model.HiDreamImageTransformer2DModel) ("comfy_hidream"): diffusers' "image_first" grid (a latent [B, C, H, W]
-patchified row by row inside, its tokens first in every block's input, the text after them passing whole), with the
-patch size ComfyUI keeps as an attribute and its latent padded to whole patches.
+The layout of ComfyUI's HiDream-I1 (comfy.ldm.hidream.model.HiDreamImageTransformer2DModel) ("comfy_hidream"):
+diffusers' "image_first" grid (a latent [B, C, H, W] patchified row by row inside, its tokens first in every block's
+input, the text after them passing whole), with the patch size ComfyUI keeps as an attribute and its latent padded to
+whole patches.
 
 HiDream-E1 (the edit model) joins its condition image along the width (`image_cond`, concatenated to the latent
 before patchifying), so each row of tokens holds target and condition tokens side by side: refused at the call that

@@ -1,5 +1,5 @@
-"""Krea 2: one stream, [text, image] joined by the root, under rotary ids over both (layout "joint_ids": JointIds, Flux's
-ids layout over the joined sequence, the image's rows last)."""
+"""Krea 2: one stream, [text, image] joined by the root, under rotary ids over both (layout "joint_ids": JointIds,
+Flux's ids layout over the joined sequence, the image's rows last)."""
 from __future__ import annotations
 
 import weakref

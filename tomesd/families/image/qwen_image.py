@@ -44,8 +44,8 @@ BLOCK_KINDS: Tuple[BlockKind, ...] = (
     # NucleusMoE-Image: the image's queries attend to keys and values [image, text] (the text's projected in the same
     # attention, or cached), the image's rotated by complex rows [image, D/2] (item 0 of (image rows, text rows); no
     # batch axis: one matching serves the batch). Its MLP is not a site: the mixture-of-experts layers take the
-    # modulated and the unmodulated tokens as two inputs. Its pipeline always passes a text mask, which the root
-    # joins as [image (all True), text] over those keys: sliced to the merged image's keys (runtime/key_masks.py: MaskSlice).
+    # modulated and the unmodulated tokens as two inputs. Its pipeline always passes a text mask, which the root joins
+    # as [image (all True), text] over those keys: sliced to the merged image's keys (runtime/key_masks.py: MaskSlice).
     BlockKind(
         "NucleusMoEImageTransformerBlock",
         sublayers=(Sublayer("attn", "merge_attn", tokens=("hidden_states",), rotary="image_rotary_emb", rotary_item=0,

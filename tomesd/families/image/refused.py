@@ -12,9 +12,9 @@ BLOCK_KINDS: Tuple[BlockKind, ...] = ()
 
 ROOT_KINDS: Tuple[RootKind, ...] = (
     RootKind(family="Ideogram 4", classes=("Ideogram4Transformer2DModel",), layout="levels",
-             refused=f"a packed sequence whose text and image tokens are told apart by a per-token indicator tensor under "
-                     f"a segment mask, {NOT_YET}; {RUN_WITHOUT}"),
+             refused=f"a packed sequence whose text and image tokens are told apart by a per-token indicator tensor "
+                     f"under a segment mask, {NOT_YET}; {RUN_WITHOUT}"),
     RootKind(family="ERNIE-Image", classes=("ErnieImageTransformer2DModel",), layout="levels",
-             refused=f"a transformer whose blocks take tokens sequence-first [S, B, C], the image before the text, under a "
-                     f"mask over both, {NOT_YET}; {RUN_WITHOUT}"),
+             refused=f"a transformer whose blocks take tokens sequence-first [S, B, C], the image before the text, "
+                     f"under a mask over both, {NOT_YET}; {RUN_WITHOUT}"),
 )

@@ -9,8 +9,6 @@ single-stream blocks joining [image, text] inside their forward (a Span with ima
 tokens before the target's pass whole), "motif_video" (HunyuanVideo's grid; single blocks with a text cross-attention
 refused), and ComfyUI's "comfy_hunyuan_video" (the image first in each block's input, what follows passing whole).
 
-Longer than most: one lineage on two hosts, whose layouts are variants of one another.
-
 "comfy_hunyuan_video": ComfyUI's HunyuanVideo class (comfy.ldm.hunyuan_video.model.HunyuanVideo), which runs
 HunyuanVideo, its image-to-video models, HunyuanVideo 1.5 and HunyuanImage 2.1: a latent [B, C, F, H, W] on Wan's
 space-time grid (patch_size a list of 3), or [B, C, H, W] patchified by a list of 2 (HunyuanImage 2.1). Its double
@@ -92,7 +90,8 @@ BLOCK_KINDS: Tuple[BlockKind, ...] = (
     # HunyuanVideo-I2V's (image_condition_type="token_replace"): the same sub-layers; the block modulates the first
     # frame's tokens (the condition image) apart by num_tokens on every token, around the sites, and the layout passes
     # that frame whole (HeadGrid: layouts/image_first.py), so each split by num_tokens meets full-length tokens.
-    double_stream("HunyuanVideoTokenReplaceTransformerBlock"), single_stream("HunyuanVideoTokenReplaceSingleTransformerBlock"),
+    double_stream("HunyuanVideoTokenReplaceTransformerBlock"),
+    single_stream("HunyuanVideoTokenReplaceSingleTransformerBlock"),
     # Motif-Video's: HunyuanVideo's blocks under its own names (the same sub-layers, processor and root mask), with
     # an optional text cross-attention after the joint one. The double block's takes the joint attention's output,
     # unmerged, whole; the single block's would take it merged (refused at apply time: MotifGrid).
@@ -117,20 +116,21 @@ BLOCK_KINDS: Tuple[BlockKind, ...] = (
 
 
 ROOT_KINDS: Tuple[RootKind, ...] = (
-    # HunyuanVideo: [B, C, F, H, W] on Wan's grid; blocks joining [image, text], image first, under the root's mask
-    # over both (double_stream, single_stream). Its token_replace image-to-video model's first frame, the condition image,
+    # HunyuanVideo: [B, C, F, H, W] on Wan's grid; blocks joining [image, text], image first, under the root's mask over
+    # both (double_stream, single_stream). Its token_replace image-to-video model's first frame, the condition image,
     # passes whole (HeadGrid: layouts/image_first.py).
     RootKind("HunyuanVideo", ("HunyuanVideoTransformer3DModel",), "hunyuan_video", frame_axis=2,
              supported="the HunyuanVideo video transformer (torch; merge mode; image-to-video's condition frame "
                        "never merges)"),
     # HunyuanVideo Framepack: HunyuanVideo's blocks; the history's tokens (4x, 2x, clean latents) join before the
-    # target's in the blocks' input and pass whole (HeadGrid: layouts/image_first.py); its image embeddings join the text.
+    # target's in the blocks' input and pass whole (HeadGrid: layouts/image_first.py); its image embeddings join the
+    # text.
     RootKind("HunyuanVideo Framepack", ("HunyuanVideoFramepackTransformer3DModel",), "framepack", frame_axis=2,
              supported="the HunyuanVideo Framepack video transformer (torch; merge mode; its history tokens never "
                        "merge)"),
-    # Motif-Video: HunyuanVideo's latent [B, C, F, H, W] on Wan's grid and its blocks under other names
-    # (double_stream, single_stream): [image, text] joined, image first, under the root's mask over both, all True over the
-    # image. Its image-to-video pipeline's image embedding joins the text (passing whole).
+    # Motif-Video: HunyuanVideo's latent [B, C, F, H, W] on Wan's grid and its blocks under other names (double_stream,
+    # single_stream): [image, text] joined, image first, under the root's mask over both, all True over the image. Its
+    # image-to-video pipeline's image embedding joins the text (passing whole).
     RootKind(family="Motif-Video", classes=("MotifVideoTransformer3DModel",), layout="motif_video", frame_axis=2,
              supported="the Motif-Video transformer (torch; merge mode)"),
     # HunyuanVideo 1.5: [B, C, F, H, W] patchified by a Conv3d in Wan's token order; the text passes whole.

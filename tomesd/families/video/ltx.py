@@ -100,7 +100,8 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
     RootKind("LTX-Video", ("LTXVideoTransformer3DModel",), "packed", grid_args=("num_frames", "height", "width"),
              supported="the LTX-Video transformer (torch; called with num_frames, height and width)"),
     # LTX-2: LTX-Video's packed video latent and grid arguments, beside an audio latent of its own. Only the video
-    # stream's sub-layers merge (its block kind, above); the audio's tokens, and the video tokens the audio attends to, stay.
+    # stream's sub-layers merge (its block kind, above); the audio's tokens, and the video tokens the audio attends to,
+    # stay.
     RootKind("LTX-2", ("LTX2VideoTransformer3DModel",), "packed", grid_args=("num_frames", "height", "width"),
              supported="the LTX-2 audio-video transformer (torch; called with num_frames, height and width; its audio "
                        "stream never merges)"),

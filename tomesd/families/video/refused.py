@@ -13,8 +13,8 @@ BLOCK_KINDS: Tuple[BlockKind, ...] = ()
 ROOT_KINDS: Tuple[RootKind, ...] = (
     RootKind(family="Kandinsky 5", classes=("Kandinsky5Transformer3DModel", "Kandinsky6Transformer3DModel",
                                             "Kandinsky6SRTransformer3DModel"), layout="levels",
-             refused=f"a transformer whose visual tokens run in a fractal (block-sparse) order, its text in blocks of the "
-                     f"same kind, {NOT_YET}; {RUN_WITHOUT}"),
+             refused=f"a transformer whose visual tokens run in a fractal (block-sparse) order, its text in blocks "
+                     f"of the same kind, {NOT_YET}; {RUN_WITHOUT}"),
     RootKind(family="Allegro", classes=("AllegroTransformer3DModel",), layout="levels",
              refused=f"a video transformer whose rotary tables are nested per axis, {NOT_YET}; {RUN_WITHOUT}"),
     RootKind(family="MiniMax H3", classes=("MiniMaxH3Transformer3DModel",), layout="levels",

@@ -30,6 +30,6 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
              supported="the Sana-Video transformer (torch)"),
     RootKind(family="SANA-WM", classes=("SanaWMTransformer3DModel", "SanaWMLTX2RefinerTransformer3DModel"),
              layout="levels",
-             refused=f"a world-model transformer (gated delta-net attention; its refiner: audio and video streams under a "
-                     f"key/value cache), {NOT_YET}; {RUN_WITHOUT}"),
+             refused=f"a world-model transformer (gated delta-net attention; its refiner: audio and video streams "
+                     f"under a key/value cache), {NOT_YET}; {RUN_WITHOUT}"),
 )

@@ -85,16 +85,17 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
     RootKind("Wan Animate", ("WanAnimateTransformer3DModel",), "spacetime", frame_axis=2,
              supported="the Wan Animate video transformer (torch; its pose and face conditions never merge)"),
     RootKind(family="Wan Animate 2", classes=("WanAnimate2Transformer3DModel",), layout="levels",
-             refused=f"a transformer over per-sample token lists whose self-attention packs each frame's tokens against a "
-                     f"reference key/value cache under a flex block mask, {NOT_YET} (WanAnimateTransformer3DModel "
-                     f"merges); {RUN_WITHOUT}"),
+             refused=f"a transformer over per-sample token lists whose self-attention packs each frame's tokens "
+                     f"against a reference key/value cache under a flex block mask, {NOT_YET} "
+                     f"(WanAnimateTransformer3DModel merges); {RUN_WITHOUT}"),
     # AnyFlow (bidirectional): Wan's layout on a latent [B, F, C, H, W] (permuted to Wan's inside), Wan's blocks under
     # its own class (above); its timestep and modulations may be per frame, outside ToMe's sites.
     RootKind(family="AnyFlow", classes=("AnyFlowTransformer3DModel",), layout="spacetime", frame_axis=1,
              supported="the AnyFlow video transformer (torch)"),
     RootKind(family="AnyFlow FAR", classes=("AnyFlowFARTransformer3DModel",), layout="levels",
-             refused=f"a causal video transformer whose attention runs under a key/value cache of earlier frames and a "
-                     f"flex block mask, {NOT_YET} (AnyFlowTransformer3DModel, its bidirectional model, merges); {RUN_WITHOUT}"),
+             refused=f"a causal video transformer whose attention runs under a key/value cache of earlier frames and "
+                     f"a flex block mask, {NOT_YET} (AnyFlowTransformer3DModel, its bidirectional model, merges); "
+                     f"{RUN_WITHOUT}"),
     # Helios: Wan's layout and blocks under its own classes; its history latents' tokens (long, mid, short) are joined
     # before the target's: the target's are the last N and merge, the history's pass whole (History, below).
     # Built with is_amplify_history=True, refused at apply time.
@@ -106,8 +107,8 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
 
 class History(SpaceTime):
     """Helios: Wan's space-time grid over its latent [B, C, F, H, W]; its history latents' tokens (long, mid, short)
-    precede the target's in every block's sequence, so the target's are the last N, as the coordinate layouts read them, and the
-    history passes whole."""
+    precede the target's in every block's sequence, so the target's are the last N, as the coordinate layouts read
+    them, and the history passes whole."""
 
     def __init__(self, root: Any, kind: RootKind, xp: Any) -> None:
         super().__init__(root, kind, xp, kind.frame_axis, spacetime_patch(root) or (1, 1, 1))
