@@ -7,7 +7,7 @@ before or after it.
 """
 from . import backends as _backends  # registers the torch and paddle backends with tome_core, lazily
 from . import merge
-from .hosts import ppdiffusers as _ppdiffusers
+from . import apply_tome as _ppdiffusers
 from .hosts.targets import observe
 from .config import ToDoConfig, ToMeConfig
 from .patch import apply_patch, remove_patch

@@ -21,11 +21,10 @@ RANKS = (
     ("tomesd.layouts", 2),
     ("tomesd.families", 3),
     ("tomesd.runtime", 4),
-    ("tomesd.hosts.targets", 5), ("tomesd.hosts.references", 5), ("tomesd.hosts.comfyui_patcher", 5),
     ("tomesd.hosts", 5),
     ("tomesd.config", 6), ("tomesd.patch", 6), ("tomesd.merge", 6),
     # front-ends on the public API: ppdiffusers' pipe.apply_tome(), ComfyUI's node pack
-    ("tomesd.hosts.ppdiffusers", 7), ("tomesd.comfyui", 7),
+    ("tomesd.apply_tome", 7), ("tomesd.comfyui", 7),
     ("tomesd.bench", 8), ("tomesd.quality", 8), ("tomesd.tune", 8), ("tomesd.frontier", 8), ("tomesd.cli", 8),
     ("tomesd.__main__", 8),
 )

@@ -10,7 +10,7 @@ import torch
 
 import tiny_torch as T
 import tomesd
-from tomesd.hosts import ppdiffusers as pp_adapter
+from tomesd import apply_tome as pp_adapter
 from tomesd.runtime.tome_patch import PATCH_ATTR
 
 
@@ -117,7 +117,7 @@ def test_apply_tome_is_ours_whichever_package_is_imported_first(order):
     code = (
         f"import {first}, {second}, paddle\n"
         "from ppdiffusers import DiffusionPipeline\n"
-        "from tomesd.hosts.ppdiffusers import apply_tome, remove_tome\n"
+        "from tomesd.apply_tome import apply_tome, remove_tome\n"
         "assert paddle.nn.Layer.apply_tome is apply_tome and DiffusionPipeline.apply_tome is apply_tome\n"
         "assert paddle.nn.Layer.remove_tome is remove_tome and DiffusionPipeline.remove_tome is remove_tome\n"
         "print('ours')\n"

@@ -9,7 +9,7 @@ import pytest
 import tiny_paddle as TP
 import tomesd
 from tomesd import ToDoConfig, ToMeConfig
-from tomesd.hosts import ppdiffusers as pp_adapter
+from tomesd import apply_tome as pp_adapter
 
 TOL = 2e-4
 

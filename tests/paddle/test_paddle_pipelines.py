@@ -48,7 +48,7 @@ def test_denoisers_held_in_a_plain_list_are_patched(tmp_path):
     unmerged; ours opens the list."""
     from ppdiffusers import DiffusionPipeline
 
-    from tomesd.hosts.ppdiffusers import builtin_methods
+    from tomesd.apply_tome import builtin_methods
 
     pipe = P.controlnet_pipeline(tmp_path, 2)
     nets = list(pipe.controlnet.nets)

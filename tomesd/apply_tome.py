@@ -15,8 +15,8 @@ import sys
 import threading
 from typing import Any, Iterator, List, Tuple, Union
 
-from ..patch import apply_patch, resolve
-from . import targets
+from .hosts import targets
+from .patch import apply_patch, resolve
 
 _TARGET = "ppdiffusers"
 _lock = threading.Lock()
