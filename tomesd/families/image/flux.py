@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any, Tuple
 
+from ...layouts.coordinates import Ids
 from ...layouts.entries import (NOT_YET, RUN_WITHOUT, BlockKind, Downsample, RootKind, Span, Sublayer,
                                comfy_rotates_inside)
-from ...layouts.coordinates import Ids
 
 
 def _flux_double(name: str, mask: str = "") -> BlockKind:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Tuple
 
-from ...layouts.entries import BlockKind, RootKind, Sublayer
 from ...layouts.coordinates import SpaceTime
+from ...layouts.entries import BlockKind, RootKind, Sublayer
 from ...layouts.grids import Layout, Levels, config_value, spacetime_patch
 from ...layouts.image_first import PatchAxes
 from ..video.hunyuan_video import double_stream, single_stream

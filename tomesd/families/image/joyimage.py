@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Tuple
 
-from ...layouts.entries import NOT_YET, RUN_WITHOUT, BlockKind, RootKind, Sublayer
 from ...layouts.coordinates import SpaceTime
+from ...layouts.entries import NOT_YET, RUN_WITHOUT, BlockKind, RootKind, Sublayer
 from ...layouts.grids import spacetime_patch
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import weakref
 from typing import Any, Tuple
 
-from ...layouts.entries import BlockKind, Downsample, RootKind, Sublayer
 from ...layouts.coordinates import Ids
+from ...layouts.entries import BlockKind, Downsample, RootKind, Sublayer
 
 
 BLOCK_KINDS: Tuple[BlockKind, ...] = (

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any, Tuple
 
-from ...layouts.entries import BlockKind, RootKind, Span, Sublayer
 from ...layouts.coordinates import SpaceTime
+from ...layouts.entries import BlockKind, RootKind, Span, Sublayer
 from ...layouts.grids import Layout, Levels, config_value, spacetime_patch
 from ...layouts.image_first import HeadGrid, PatchAxes, image_count
 from ...layouts.sequences import split_sequence

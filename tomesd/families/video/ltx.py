@@ -36,8 +36,8 @@ from __future__ import annotations
 from numbers import Integral
 from typing import Any, Optional, Tuple
 
-from ...layouts.entries import BlockKind, Downsample, RootKind, Sublayer
 from ...layouts.coordinates import SpaceTime
+from ...layouts.entries import BlockKind, Downsample, RootKind, Sublayer
 from ...layouts.signatures import InputSpec
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Tuple
 
+from ...layouts.coordinates import SpaceTime
 from ...layouts.entries import (NOT_YET, RUN_WITHOUT, BlockKind, Downsample, RootKind, Sublayer,
                                comfy_rotates_inside)
-from ...layouts.coordinates import SpaceTime
 from ...layouts.grids import spacetime_patch
 
 
