@@ -16,7 +16,7 @@ import time
 import torch
 
 import tomesd
-from tomesd.bench.kits import make_kit
+from tomesd.bench.kits.pick import make_kit
 
 
 def timed(kit, forward, repeats: int) -> float:

@@ -1,5 +1,5 @@
 """ToMe's added host time per forward where the compute is negligible: each yardstick's real block structure at a
-tiny width (tomesd/bench/host_cost.py's NARROW), batch 2, an 8x8 latent, on this CPU. The unpatched model, ToMe
+tiny width (tomesd/bench/measures/host_cost.py's NARROW), batch 2, an 8x8 latent, on this CPU. The unpatched model, ToMe
 r=0.5 and mode="downsample" (and tomesd 0.1.3 on SD1.5), each on its own copy patched once (weights shared), are
 timed interleaved in one process: the median of --repeats forwards each.
 
@@ -27,8 +27,8 @@ def main() -> None:
     import torch
 
     import tomesd
-    from tomesd.bench.host_cost import build_narrow, host_work, narrow_inputs
-    from tomesd.bench.torch_kit import TorchKit
+    from tomesd.bench.measures.host_cost import build_narrow, host_work, narrow_inputs
+    from tomesd.bench.kits.torch_kit import TorchKit
 
     torch.set_num_threads(1)
     kit = TorchKit("cpu", "float32")

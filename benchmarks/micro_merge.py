@@ -40,7 +40,7 @@ def main() -> None:
     if opts.backend == "torch":
         import torch
 
-        from tomesd.bench.references import load_tomesd_ref
+        from tomesd.bench.kits.references import load_tomesd_ref
 
         reference, ref_name = load_tomesd_ref().merge.bipartite_soft_matching_random2d, "tomesd 0.1.3"
         randn, tanh = (lambda *s: torch.randn(*s)), torch.tanh

@@ -1,2 +1,2 @@
 """Tests load the references the way the benchmark does."""
-from tomesd.bench.references import load_tomesd_ref  # noqa: F401
+from tomesd.bench.kits.references import load_tomesd_ref  # noqa: F401

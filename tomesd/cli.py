@@ -8,8 +8,8 @@ import sys
 import time
 from typing import List, Optional
 
-from .bench.configs import CONFIGS, TEXT_TOKENS
-from .bench.tokens import token_counter
+from .bench.kits.configs import CONFIGS, TEXT_TOKENS
+from .bench.measures.tokens import token_counter
 
 def demo(res: int, ratio: float, batch: int, seed: int, config: str = "sd15") -> None:
     import torch

@@ -112,16 +112,16 @@ def add_arguments(parser: Any) -> None:
 
 
 def run(args: Any) -> int:
-    from .bench.configs import ARCHS
+    from .bench.kits.configs import ARCHS
     from .bench.progress import progress_bar
-    from .bench.runner import Config, Settings, run_unet
+    from .bench.measures.runner import Config, Settings, run_unet
     from .quality import settings as S
 
     try:
         if args.steps < 2:
             raise ValueError("--steps must be at least 2: reused matches and restored tokens show over a loop")
         settings = _picked(S.SETTINGS[args.arch], args.only)
-        from .bench import caches
+        from .bench.kits import caches
 
         settings = S.with_cache(settings, caches.names(args.cache))
         closeness = _closeness(args, settings)
@@ -227,7 +227,7 @@ def _closeness(args: Any, settings: List[Any]) -> Dict[str, Dict[str, Any]]:
 
 def config_of(setting: Any) -> Any:
     """The bench configuration that times a quality setting: its apply_patch arguments given whole."""
-    from .bench.runner import Config
+    from .bench.measures.runner import Config
 
     if not setting.kwargs:
         return Config("baseline", cache=setting.cache)
@@ -247,8 +247,8 @@ def _flops(bench: Any, configs: List[Any], notes: List[str]) -> List[Optional[fl
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from .bench.runner import Config
-    from .bench.torch_kit import TorchKit
+    from .bench.measures.runner import Config
+    from .bench.kits.torch_kit import TorchKit
 
     kit = TorchKit("meta", bench.dtype)
     with torch.device("meta"):

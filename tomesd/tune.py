@@ -196,7 +196,7 @@ def _model_measure(args: argparse.Namespace, kit: Any, timer: Callable[[], float
     """(time_once, psnr_of, is_transformer) for a bare model built from its config; `timer` times the forwards."""
     import tomesd
 
-    from .bench.configs import ARCHS
+    from .bench.kits.configs import ARCHS
 
     config = args.config or {"sd1": "sd15"}.get(args.arch, args.arch)
     arch = ARCHS[config]
@@ -287,7 +287,7 @@ def run(args: argparse.Namespace, *, timer: Callable[[], float] = time.perf_coun
     called with the model built (or the pipeline loaded) before its first forward. Tests pass one virtual
     clock for both and, through `on_model`, a hook that advances it: their timings are exact whatever the
     machine's speed or load."""
-    from .bench.kits import MissingBackend, make_kit
+    from .bench.kits.pick import MissingBackend, make_kit
 
     try:
         for name in ("repeats", "batch", "steps"):
@@ -326,7 +326,7 @@ def run(args: argparse.Namespace, *, timer: Callable[[], float] = time.perf_coun
     plan = families(transformer, loop=args.model is not None)
     offered = None
     if on_gpu(args.device):
-        from .bench.configs import ARCHS
+        from .bench.kits.configs import ARCHS
 
         built = ARCHS.get({"sd1": "sd15"}.get(arch or "", arch or ""))
         video = built is not None and built.frames

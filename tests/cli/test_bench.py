@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tomesd.bench.cli import add_arguments, run
-from tomesd.bench.report import SCHEMA
+from tomesd.bench.measures.report import SCHEMA
 
 
 def bench(argv):
@@ -57,15 +57,15 @@ def test_tiny_bench_with_compare_writes_table_json_and_plot(tmp_path, capsys):
 
 
 def _row(method, speedup, times, ratio=0.5, mode="merge", reuse=1, change=0.01):
-    from tomesd.bench.runner import Row
+    from tomesd.bench.measures.runner import Row
 
     return Row(method=method, ratio=ratio, mode=mode, reuse_steps=reuse, times_s=list(times), speedup=speedup,
                output_change=change)
 
 
 def test_the_verdict_names_the_fastest_setting_as_the_call_that_applies_it():
-    from tomesd.bench.report import verdict
-    from tomesd.bench.runner import Settings
+    from tomesd.bench.measures.report import verdict
+    from tomesd.bench.measures.runner import Settings
 
     settings = Settings(ratios=(0.25, 0.5), modes=("merge", "downsample"), reuse_steps=(1, 2), steps=2)
     rows = [_row("baseline", 1.0, [10.0, 10.2], ratio=None), _row("tome", 1.3, [7.6, 7.7], ratio=0.25),
@@ -79,8 +79,8 @@ def test_the_verdict_names_the_fastest_setting_as_the_call_that_applies_it():
 
 
 def test_the_verdict_says_when_nothing_pays_beyond_the_noise():
-    from tomesd.bench.report import verdict
-    from tomesd.bench.runner import Settings
+    from tomesd.bench.measures.report import verdict
+    from tomesd.bench.measures.runner import Settings
 
     rows = [_row("baseline", 1.0, [10.0, 10.9], ratio=None), _row("tome", 1.05, [9.5, 9.6]),
             _row("tome", 0.97, [10.3, 10.4], ratio=0.25)]
@@ -220,7 +220,7 @@ def test_model_path_runs_the_pipeline_and_writes_a_grid(tmp_path, capsys, monkey
     from diffusers import DiffusionPipeline, StableDiffusionPipeline
 
     import tiny_torch as T
-    from tomesd.bench.tokens import token_counter
+    from tomesd.bench.measures.tokens import token_counter
 
     folder = tmp_path / "pipe"
     T.sd_pipeline(tmp_path).save_pretrained(folder)
@@ -346,7 +346,7 @@ def test_wan_architecture_merges_its_space_time_grid_at_a_non_square_size(tmp_pa
 def test_sdxl_architecture_builds_and_passes_its_added_conditions(monkeypatch, capsys):
     """--arch sdxl at a cut width (the real one takes minutes per forward here): the SDXL layout with its
     text-and-time conditions runs, and ToMe merges at its default level 2."""
-    from tomesd.bench import configs
+    from tomesd.bench.kits import configs
 
     small = dict(configs.SDXL, block_out_channels=(32, 64, 64), transformer_layers_per_block=(1, 1, 1),
                  attention_head_dim=(2, 4, 4), cross_attention_dim=32, norm_num_groups=8, layers_per_block=1,
@@ -507,7 +507,7 @@ def test_flops_ratio_is_the_compute_each_setting_leaves_counted_by_hand(tmp_path
     from torch.utils.flop_counter import FlopCounterMode
 
     import tomesd
-    from tomesd.bench.kits import TorchKit
+    from tomesd.bench.kits.torch_kit import TorchKit
 
     out_json = tmp_path / "r.json"
     assert bench(["--config", config, "--res", "64", "--repeats", "1", "--warmup", "0", "--no-memory", "--ratios",
@@ -603,7 +603,7 @@ def test_z_image_architecture_merges_its_lists_of_latents_and_refuses_downsample
     of the 16; the main layer (160: [image, its padding, caption]) the same; the context refiner (caption alone, 128)
     never. Downsampling is not Z-Image's: the default run leaves its row out and --modes downsample is refused by
     name."""
-    from tomesd.bench.configs import ARCHS
+    from tomesd.bench.kits.configs import ARCHS
 
     rows = _tiny_arch_rows("tiny-z-image", 64, tmp_path, ["--depth", "1"])
     assert set(rows) == {("baseline", "merge", None), ("tome", "merge", 0.5), ("tome", "merge", 0.75)}
@@ -649,9 +649,9 @@ def test_hunyuanvideo15_architecture_counts_its_flops_on_the_cpu(tmp_path, capsy
 def test_flops_counted_on_the_cpu_equal_those_counted_on_meta(monkeypatch):
     """Where a host's forward cannot run on the meta device, its FLOPs are counted on the CPU, whose fused attention
     kernel the counter does not know: counted as the attention it computes, the CPU's count is the meta device's."""
-    from tomesd.bench import configs
-    from tomesd.bench.flops import fill_flops
-    from tomesd.bench.runner import Row, Settings
+    from tomesd.bench.kits import configs
+    from tomesd.bench.measures.flops import fill_flops
+    from tomesd.bench.measures.runner import Row, Settings
 
     def count():
         settings = Settings(backend="torch", config="tiny-z-image", res=64, batch=2, ratios=(0.5,), device="cpu")

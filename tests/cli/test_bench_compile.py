@@ -3,7 +3,7 @@ aot_eager keeps it quick; no timings are asserted."""
 import json
 
 from tomesd.bench.cli import add_arguments, run
-from tomesd.bench.report import SCHEMA
+from tomesd.bench.measures.report import SCHEMA
 
 
 def bench(argv):

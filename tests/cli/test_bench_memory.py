@@ -2,8 +2,8 @@
 framework once; a probe that fails is reported with the configuration it was measuring."""
 import pytest
 
-from tomesd.bench.memory import measure_cpu_memory
-from tomesd.bench.runner import Row, Settings
+from tomesd.bench.measures.memory import measure_cpu_memory
+from tomesd.bench.measures.runner import Row, Settings
 
 
 def test_a_probe_that_fails_names_its_configuration_and_the_cause():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tomesd.bench import references
+from tomesd.bench.kits import references
 from tomesd.bench.cli import add_arguments, run
 
 TINY = ["--config", "tiny", "--res", "128", "--ratios", "0.5", "--repeats", "1", "--warmup", "0", "--no-memory"]
@@ -26,7 +26,7 @@ def bench(argv):
 def forwards(monkeypatch):
     """Every UNet the benchmark builds and every forward it runs, recorded ("forward", or "meta forward" for the
     FLOPs count on the meta device)."""
-    from tomesd.bench.kits import TorchKit
+    from tomesd.bench.kits.torch_kit import TorchKit
 
     seen = []
     build, forward = TorchKit.build, TorchKit.forward
@@ -107,7 +107,7 @@ def test_reference_is_loaded_from_the_working_directory(tmp_path):
     _fake_reference(tmp_path / ".refs", "cwd")
     env = {k: v for k, v in os.environ.items() if k != "TOME_REFS_DIR"}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
-    code = "from tomesd.bench.references import load_tomesd_ref; print(load_tomesd_ref().WHERE)"
+    code = "from tomesd.bench.kits.references import load_tomesd_ref; print(load_tomesd_ref().WHERE)"
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "cwd"

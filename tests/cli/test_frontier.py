@@ -54,7 +54,7 @@ def test_downsample_restore_counts_what_its_first_step_runs_again():
     attention downsampling left as it was is not run again."""
     import torch
 
-    from tomesd.bench.runner import Settings
+    from tomesd.bench.measures.runner import Settings
     from tomesd.frontier import _flops, _rerun, config_of
     from tomesd.quality.settings import SETTINGS
 

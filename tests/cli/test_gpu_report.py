@@ -156,7 +156,7 @@ def test_only_reruns_the_named_runs_and_refuses_unknown_names(tmp_path, capsys):
 def test_profile_lists_the_ops_of_the_baseline_and_of_tome(tmp_path, monkeypatch):
     """--profile: one profiled forward per configuration; ToMe's forward runs the sort its matching needs,
     the baseline's none."""
-    from tomesd.bench import profiling
+    from tomesd.bench.measures import profiling
 
     monkeypatch.setattr(profiling, "TOP", 10_000)  # every op kept: the sort is cheap at this size
     path = tmp_path / "p.json"

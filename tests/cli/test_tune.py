@@ -235,7 +235,7 @@ def test_on_a_gpu_the_frontiers_pick_is_tried_first(monkeypatch, capsys):
     window of its steps, per forward. On the CPU it is not tried. The baseline takes 2 s per forward, the pick 1 s,
     every other setting 3 s: the families' mild first settings lose, as eager ToMe's do on a GPU."""
     from tomesd import frontier
-    from tomesd.bench import kits
+    from tomesd.bench.kits import pick as kits
 
     made = kits.make_kit
     monkeypatch.setattr(kits, "make_kit", lambda backend, device, dtype: made(backend, "cpu", dtype))

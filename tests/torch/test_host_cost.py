@@ -2,7 +2,8 @@
 
 On a GPU in eager mode every kernel launch and every Python call of ToMe's hot path is paid on every block of every
 step (docs/host-cost.md). The counts are machine-independent: launches are the aten ops one forward
-dispatches (views and metadata left out), Python calls are sys.setprofile's "call" events (tomesd/bench/host_cost.py).
+dispatches (views and metadata left out), Python calls are sys.setprofile's "call" events
+(tomesd/bench/measures/host_cost.py).
 Each ceiling is the count measured when it was set plus some 15%; a change that adds host work fails here and either
 earns it back or raises the ceiling on purpose. The counts are environment (a)'s (current torch and diffusers): the
 host's own code between ToMe's hooks differs in older diffusers.
@@ -14,7 +15,7 @@ import torch
 
 import tomesd
 from families import FAMILIES, missing_host
-from tomesd.bench.host_cost import NARROW, build_narrow, host_work, narrow_inputs, tome_host_cost
+from tomesd.bench.measures.host_cost import NARROW, build_narrow, host_work, narrow_inputs, tome_host_cost
 
 # The tiny families of the contract (tests/families.py), merge mode under each family's patch: one or a few blocks, so
 # the call's own work (the random draw, the partitions of every block, the grid's coordinates) weighs per block.

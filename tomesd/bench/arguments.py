@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from . import caches
-from .configs import ARCHS
+from .kits import caches
+from .kits.configs import ARCHS
 
 ARCH_NAMES = {"sd1": "sd15", "sdxl": "sdxl", "sd3": "sd3", "pixart": "pixart", "flux": "flux", "flux2": "flux2",
               "flux2-klein": "flux2-klein", "qwen-image": "qwen-image", "z-image": "z-image",

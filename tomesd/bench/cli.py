@@ -10,10 +10,10 @@ import os
 import sys
 from typing import Any, List, Optional
 
-from . import caches
+from .kits import caches
 from .arguments import ARCH_NAMES, add_arguments
 from .arguments import resolution as _resolution  # noqa: F401  (tune.py reads --res with it from here)
-from .configs import ARCHS
+from .kits.configs import ARCHS
 from .progress import progress_bar
 
 __all__ = ["ARCH_NAMES", "add_arguments", "main", "progress_bar", "run"]
@@ -74,13 +74,13 @@ def run(args: argparse.Namespace) -> int:
         if isinstance(args.res, int):
             args.res = (args.res, args.res)
         return comfyui.run(args)
-    from .flops import fill_flops
-    from .kit_base import MissingBackend
+    from .measures.flops import fill_flops
+    from .kits.kit_base import MissingBackend
     from .options import prepare
     from .pipeline import BadModelPath
-    from .report import table, verdict, write_json, write_plot
-    from .memory import measure_cpu_memory
-    from .runner import configurations, fill_memory_reductions, run_unet
+    from .measures.report import table, verdict, write_json, write_plot
+    from .measures.memory import measure_cpu_memory
+    from .measures.runner import configurations, fill_memory_reductions, run_unet
 
     try:
         prepared = prepare(args)
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     settings, kit, cp_settings, prompts = prepared.settings, prepared.kit, prepared.cp_settings, prepared.prompts
     if args.compare and settings.backend == "torch":
-        from .references import load_tomesd_ref
+        from .kits.references import load_tomesd_ref
 
         try:
             load_tomesd_ref()
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     fill_flops(settings, rows)
     profiles = None
     if getattr(args, "profile", False):
-        from . import profiling
+        from .measures import profiling
 
         try:
             profiles = profiling.run(settings, kit)
@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
         print("compiled: one compiled copy of the UNet per configuration (weights shared); tokens and output change "
               "from one eager forward of each copy; ToMe's own time is not separable inside a compiled graph")
     if any(row.flop_speedup is not None for row in rows):
-        from .flops import where_counted
+        from .measures.flops import where_counted
 
         print("FLOPs ratio: the baseline's floating-point operations over the configuration's (one forward, counted "
               f"{where_counted(settings)}): the speed-up if time followed the matrix products alone. Not a bound: "
@@ -202,9 +202,9 @@ def _model_name(settings: Any) -> str:
 
 
 def _flops_only(settings: Any, json_path: Optional[str]) -> int:
-    from .flops import fill_flops, where_counted
-    from .report import label
-    from .runner import Row, configurations
+    from .measures.flops import fill_flops, where_counted
+    from .measures.report import label
+    from .measures.runner import Row, configurations
 
     rows = [Row(method=c.method, ratio=c.ratio, mode=c.mode, reuse_steps=c.reuse_steps, cache=c.cache)
             for c in configurations(settings)]

@@ -2,7 +2,7 @@
 TomePatchModel, and this project's ToMe and ToDo nodes.
 
 Models are ComfyUI's classes at real width with random weights: SD1.5 and SDXL as ComfyUI builds them from a
-diffusers-format UNet (their configs from tomesd.bench.configs, detected by ComfyUI's own
+diffusers-format UNet (their configs from tomesd.bench.kits.configs, detected by ComfyUI's own
 model_detection), Flux.1-dev from its published shape with --depth double blocks and 2x as many single
 blocks (all of them by default). One timed call is one BaseModel.apply_model, the sampler's call (a batch of
 2 for SD with classifier-free guidance, 1 for guidance-distilled Flux); configurations are interleaved in
@@ -144,7 +144,7 @@ def build(arch: str, depth: Optional[int], dtype: Any, device: Any, seed: int) -
     elif arch in ("sd15", "sdxl"):
         from diffusers import UNet2DConditionModel
 
-        from .configs import SD15, SDXL
+        from .kits.configs import SD15, SDXL
 
         with torch.device("meta"):  # shapes only: ComfyUI detects the architecture from the state dict
             unet = UNet2DConditionModel(**{"sd15": SD15, "sdxl": SDXL}[arch])

@@ -131,7 +131,7 @@ def _worker(rank: int, settings: CPSettings, port: int, out_path: str) -> None:
     import tomesd
     from diffusers import ContextParallelConfig
 
-    from .torch_kit import TorchKit
+    from .kits.torch_kit import TorchKit
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     on_gpu = settings.device in ("cuda", "gpu")

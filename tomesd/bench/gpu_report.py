@@ -242,9 +242,9 @@ def _own(row: Any) -> str:
 def markdown(report: Dict[str, Any]) -> str:
     """One table: a row per configuration of each run, its time per forward and speed-up over the run's
     baseline (eager or compiled, as the run was)."""
-    from . import profiling
-    from .report import label
-    from .runner import Row
+    from .measures import profiling
+    from .measures.report import label
+    from .measures.runner import Row
 
     lines = [f"GPU report ({report['config']} configurations) on {_machine(report) or 'no run completed'}; "
              f"{report['total_s']:.0f} s of a {report['budget_s']:.0f} s budget", "",

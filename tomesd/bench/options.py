@@ -9,12 +9,12 @@ import sys
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from . import caches
+from .kits import caches
 from .arguments import ARCH_NAMES
-from .configs import ARCHS
-from .kits import make_kit
+from .kits.configs import ARCHS
+from .kits.pick import make_kit
 from .pipeline import BadModelPath, read_prompts
-from .runner import Settings
+from .measures.runner import Settings
 
 BENCH_EXTRA = "pip install 'tomesd[bench]'"
 

@@ -90,7 +90,7 @@ def run(path: str, kit: Any, configs: List[Any], settings: Any, prompts: List[st
         raise BadModelPath(f"--model {path!r} is a {library} pipeline: use --backend {'paddle' if library == 'ppdiffusers' else 'torch'}")
     import tomesd
 
-    from .report import label
+    from .measures.report import label
 
     if kit.name == "torch":
         make_generator = lambda seed: kit.torch.Generator().manual_seed(seed)  # noqa: E731

@@ -57,7 +57,7 @@ def _sample_chunk(unet: Any, labels_embedding: Any, setting: Setting, labels: An
                   arch: str = "sd1"):
     import tomesd
 
-    from ..bench.caches import enabled
+    from ..bench.kits.caches import enabled
 
     # A ratio schedule needs a pipeline's loop: the denoiser is patched through a pipeline that holds it.
     scheduled = setting.kwargs is not None and setting.kwargs.get("ratio_schedule") is not None

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence
 class Setting:
     name: str
     kwargs: Optional[Dict[str, Any]]  # tomesd.apply_patch's arguments; None: unpatched
-    cache: Optional[str] = None  # a diffusers step cache under the setting (bench.caches.CACHES)
+    cache: Optional[str] = None  # a diffusers step cache under the setting (bench.kits.caches.CACHES)
 
     def __hash__(self) -> int:
         return hash(self.name)

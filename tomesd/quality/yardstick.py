@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..bench.caches import CACHES
+from ..bench.kits.caches import CACHES
 from . import model as M
 from . import sampling
 from .evaluation import Result, evaluate, labels_for
@@ -74,7 +74,7 @@ def run(args: Any) -> int:
             if unknown:
                 raise ValueError(f"--only: unknown settings {unknown}; known: {[s.name for s in settings]}")
             settings = [settings[0]] + [s for s in settings[1:] if s.name in wanted]
-        from ..bench import caches
+        from ..bench.kits import caches
 
         picked = caches.names(args.cache)
         caches.check(picked, M.spec(args.arch).host, "torch", False, args.steps)

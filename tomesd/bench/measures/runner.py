@@ -9,9 +9,9 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from .configs import ARCHS
-from .kit_base import timed
-from .kits import make_kit
+from ..kits.configs import ARCHS
+from ..kits.kit_base import timed
+from ..kits.pick import make_kit
 from .own_time import MachineryTimer, host_seconds, own_work
 from .tokens import counts, token_counter, tokens_per_level
 
@@ -321,8 +321,8 @@ def _count_host_work(rows: Dict[Config, Row], configs: List[Config], prepared: A
 
 def held_residuals(model: Any) -> Tuple[int, int]:
     """(bytes, tensors) of the restore_tokens residuals the patches on `model` keep (restore.py), this thread's."""
-    from ..hosts.targets import installed_patches
-    from ..runtime.restore import residual_bytes
+    from ...hosts.targets import installed_patches
+    from ...runtime.restore import residual_bytes
 
     caches = [p.clock.kept if p.clock is not None else p.matcher.steps.cache for p in installed_patches(model)]
     return sum(residual_bytes(p.xp, c) for p, c in zip(installed_patches(model), caches)), \

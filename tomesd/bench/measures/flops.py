@@ -25,9 +25,9 @@ def fill_flops(settings: Any, rows: List[Any]) -> None:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from .configs import ARCHS
+    from ..kits.configs import ARCHS
     from .runner import Config
-    from .torch_kit import TorchKit
+    from ..kits.torch_kit import TorchKit
 
     arch = ARCHS[settings.config]
     # A host whose forward reads tensors on the host (arch.host_reads) is counted on the bench's device instead:
@@ -69,7 +69,7 @@ def _cpu_attention(torch: Any, device: str) -> dict:
 
 def where_counted(settings: Any) -> str:
     """Where fill_flops counts this architecture, for the printed note."""
-    from .configs import ARCHS
+    from ..kits.configs import ARCHS
 
     reads = ARCHS[settings.config].host_reads
     return (f"on {settings.device}, one real forward per row ({reads}: not on the meta device)") if reads \

@@ -1,12 +1,12 @@
 """The benchmark's CPU peak-memory probes: peak RSS of one forward per configuration, each in a process of its own
 (RSS never shrinks back, so configurations cannot share one).
 
-One server process (`python -m tomesd.bench.memory --serve`) imports the framework once and forks a child per
-configuration, which builds the model and runs the forward; so a probe costs its model and its forward, not a
+One server process (`python -m tomesd.bench.measures.memory --serve`) imports the framework once and forks a child
+per configuration, which builds the model and runs the forward; so a probe costs its model and its forward, not a
 framework import (seconds each). The server runs no tensor op before it forks, so no thread pool is copied into a
 child, and it owns no main module that a child could run again (multiprocessing's fork server re-imports the
-caller's script in each child). Where there is no os.fork (Windows), each probe is a fresh
-`python -m tomesd.bench.memory '<json>'`, which prints {"peak_rss_bytes": N}.
+caller's script in each child). Where there is no os.fork (Windows), each probe is a fresh `python -m
+tomesd.bench.measures.memory '<json>'`, which prints {"peak_rss_bytes": N}.
 """
 from __future__ import annotations
 
@@ -20,12 +20,12 @@ import traceback
 from dataclasses import asdict
 from typing import Any, Callable, Dict, List
 
-from .kits import make_kit
+from ..kits.pick import make_kit
 from .runner import Config, Row, Settings, config_of
 
 # What the server imports before it forks the first probe, by backend.
-_PRELOAD = {"torch": ["torch", "diffusers", "tomesd.bench.memory"],
-            "paddle": ["paddle", "ppdiffusers", "tomesd.bench.memory"]}
+_PRELOAD = {"torch": ["torch", "diffusers", "tomesd.bench.measures.memory"],
+            "paddle": ["paddle", "ppdiffusers", "tomesd.bench.measures.memory"]}
 
 
 def _reset_peak() -> bool:
@@ -112,7 +112,7 @@ def serve() -> None:
 
 
 def _subprocess(spec: Dict[str, Any]) -> Dict[str, Any]:
-    out = subprocess.run([sys.executable, "-m", "tomesd.bench.memory", json.dumps(spec)], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "tomesd.bench.measures.memory", json.dumps(spec)], capture_output=True,
                          text=True, env=dict(os.environ))
     if out.returncode != 0:
         return {"error": out.stderr[-2000:]}
@@ -123,8 +123,9 @@ def measure_cpu_memory(settings: Settings, rows: List[Row], progress: Callable[[
     """Fill each row's peak_mem_bytes: peak RSS of one forward under its configuration, model weights included."""
     server = None
     if hasattr(os, "fork"):
-        server = subprocess.Popen([sys.executable, "-m", "tomesd.bench.memory", "--serve"], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=dict(os.environ))
+        server = subprocess.Popen([sys.executable, "-m", "tomesd.bench.measures.memory", "--serve"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                  env=dict(os.environ))
     try:
         for row in rows:
             spec = {"settings": asdict(settings), "config": asdict(config_of(row))}

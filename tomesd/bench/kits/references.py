@@ -15,7 +15,7 @@ from typing import Any, List
 
 REF_FOLDER = "tomesd-0.1.3"
 # A source checkout's .refs (made by `make envs`); an installed wheel has none.
-_CHECKOUT_REFS = Path(__file__).resolve().parents[2] / ".refs"
+_CHECKOUT_REFS = Path(__file__).resolve().parents[3] / ".refs"
 
 
 def refs_candidates() -> List[Path]:

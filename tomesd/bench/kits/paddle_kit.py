@@ -79,7 +79,7 @@ class PaddleKit(_Kit):
 
     @contextlib.contextmanager
     def reference(self, model: Any, ratio: float, max_downsample: int) -> Iterator[None]:
-        from ..apply_tome import builtin_methods
+        from ...apply_tome import builtin_methods
 
         with builtin_methods():
             model.apply_tome(ratio=ratio, max_downsample=max_downsample)

@@ -10,8 +10,8 @@ def token_counter(model: Any, backend: str) -> Iterator[List[Tuple[str, int]]]:
     """(block name, tokens) self-attention attends over (its keys), per call, in call order. Counted
     at the self-attention's to_k (_key_site), which runs inside the attention, so after any merge (ours,
     tomesd's or ppdiffusers') or downsampling of the keys."""
-    from ..backends.frameworks import host_ops
-    from ..runtime.tome_patch import transformer_blocks
+    from ...backends.frameworks import host_ops
+    from ...runtime.tome_patch import transformer_blocks
 
     host = host_ops(backend)
     blocks = {id(block) for block in transformer_blocks(host, model)}
@@ -27,7 +27,7 @@ def token_counter(model: Any, backend: str) -> Iterator[List[Tuple[str, int]]]:
                for name, block in host.named_modules(model) if id(block) in blocks]
     seam = None
     if backend == "torch":  # keys downsampled after to_k, at diffusers' attention dispatch (Flux, Wan)
-        from ..backends.torch_dispatch import SEAM as seam
+        from ...backends.torch_dispatch import SEAM as seam
 
         def shrunk(before: int, after: int) -> None:
             if seen:
@@ -47,8 +47,8 @@ def _key_site(block: Any) -> Any:
     """Where a block's self-attention keys are counted: its `to_k` (image keys; text keys of joint attention
     have their own projection), or, where one layer projects queries, keys and values together (Flux.2's
     single blocks), the attention module's input, which is the sequence it attends over."""
-    from ..families import block_kind
-    from ..layouts.entries import sublayer
+    from ...families import block_kind
+    from ...layouts.entries import sublayer
 
     kind = block_kind(block)
     name = kind.self_attention or next(span.attention_call for span in kind.spans if span.attention_call)
