@@ -12,7 +12,9 @@ out of the timing, with a note.
 What pays on a GPU: each run also marks the closest setting whose FLOPs ratio reaches `--flops-floor` (FLOPS_FLOOR,
 1.4x), the mildest there where no yardstick prices the model (`--closeness none`); GPU_PICKS holds the marks per
 model at real width (docs/frontier.md), which `tune --device cuda` tries first.
-"""
+
+Longer than most modules: the command's steps (closeness, timing and FLOPs, the front and the GPU pick, the table
+and the plot) each read and extend one list of points; apart, each would be a few functions passing that list on."""
 from __future__ import annotations
 
 import argparse

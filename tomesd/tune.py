@@ -14,7 +14,9 @@ On a GPU (`--device cuda`) eager ToMe's own work (its matching is host time, doc
 the mild settings each family starts from lose there: the setting the frontier marks for the model and size (the
 closest on the project's yardstick whose FLOPs ratio at real width is 1.4x or more, frontier.GPU_PICKS) is tried
 first. A setting that reuses matches over steps is timed over one window of its steps (each its own timestep).
-"""
+
+Longer than most modules: the search, the two ways of measuring a setting (a bare model, a pipeline's loop) and the
+report share Trial and Result and are read in that order; apart, each would be a few functions around them."""
 from __future__ import annotations
 
 import argparse

@@ -12,7 +12,9 @@ rough cost (`Entry.cost_s`, seconds on an H100) would take the report past the b
 and cheaper ones after it still go, so the command ends in time. A run that raises is reported with its
 error and the next one starts on a released GPU. `--preset-config tiny` runs the same list on the tiny
 configurations on CPU (a check of the plumbing, not a measurement).
-"""
+
+Longer than most modules: the list of runs, their run under the budget and their report are one sequence whose
+parts read the same Entry and JSON rows."""
 from __future__ import annotations
 
 import argparse
