@@ -29,7 +29,8 @@ def test_importing_core_and_package_loads_no_framework():
         "from tome_core.backend import _LOADED, registered_backends\n"
         "assert {'torch', 'paddle'} <= set(registered_backends()), registered_backends()\n"
         "assert not {'torch', 'paddle'} & set(_LOADED), _LOADED\n"
-        "assert not [m for m in sys.modules if m.startswith('tomesd.backends.')]\n"
+        # a framework's backend modules (backends/frameworks.py, which names none, may load)
+        "assert not [m for m in sys.modules if m.startswith(('tomesd.backends.torch', 'tomesd.backends.paddle'))]\n"
         "print('clean')\n"
     )
     assert "clean" in run_python(code)
