@@ -1,4 +1,4 @@
-"""A denoiser whose blocks ToMe knows but whose class is in no family of roots.py (Wan VACE, Wan-Animate,
+"""A denoiser whose blocks ToMe knows but whose class is in no family of tomesd/families/ (Wan VACE, Wan-Animate,
 Latte, aMUSEd before they get entries) is refused at its first call naming its own class and the family
 table, not with a UNet's "needs a latent [B, C, H, W]" alone."""
 import pytest
@@ -26,7 +26,7 @@ def test_an_unknown_root_names_itself_and_the_family_table():
     model = LatteLike().eval()
     tomesd.apply_patch(model, ratio=0.5)
     try:
-        with pytest.raises(ValueError, match=r"ToMe does not know LatteLike: .*roots\.py.*got \[2, 64, 32\]"):
+        with pytest.raises(ValueError, match=r"ToMe does not know LatteLike: .*tomesd/families/.*got \[2, 64, 32\]"):
             model(torch.randn(2, 64, 32), encoder_hidden_states=torch.randn(2, 3, 16))
     finally:
         tomesd.remove_patch(model)
@@ -49,6 +49,6 @@ class FluxLike(torch.nn.Module):
 
 def test_an_unknown_root_with_a_transformer_familys_blocks_is_refused_at_apply_time():
     model = FluxLike().eval()
-    with pytest.raises(ValueError, match=r"ToMe does not know FluxLike: its blocks \(FluxTransformerBlock\).*roots\.py"):
+    with pytest.raises(ValueError, match=r"ToMe does not know FluxLike: its blocks \(FluxTransformerBlock\).*tomesd/families/"):
         tomesd.apply_patch(model, ratio=0.5)
     assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())  # nothing was changed
