@@ -70,7 +70,9 @@ def install_downsample(patch: Any, index: int, block: Any, kind: BlockKind) -> N
             first = any(layer.image_keys_first for layer in kind.sublayers if layer.name == way.attention)
             for projection in guards.KV_PROJECTIONS:
                 hook = DownsampleProjection(patch, index, attn, projection, first)
-                add_hook(patch, getattr(attn, projection), host.add_pre_hook, hook.pre)
+                # Innermost in the projection's forward chain (torch: one Python call a projection, where a forward
+                # pre-hook costs torch three), else a forward pre-hook
+                around(patch, getattr(attn, projection), hook.pre, None)
 
 
 def open_seam(patch: Any) -> None:
