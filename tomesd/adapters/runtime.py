@@ -18,7 +18,8 @@ from typing import Any, List, Optional
 from . import guards, key_weights
 from .calls import Band, BlockMerge, CallStacks, CallState, Replay
 from .install import (
-    add_hook, install_downsample, install_merge, open_seam, remove_owned_hooks, rows_per_sample, seat_span_cache,
+    add_hook, around, install_downsample, install_merge, open_seam, remove_owned_hooks, rows_per_sample,
+    seat_span_cache,
 )
 from .kinds import BlockKind, Span, block_kind, in_temporal_container
 from .layouts import Layout, layout_of
@@ -152,7 +153,9 @@ class ToMePatch:
             tokens = (InputSpec(kind.tokens[0], kind.token_position) if kind.token_position is not None
                       else InputSpec.find(block, kind.tokens, first_positional=True))
             entry_hook = BlockEntry(self, index, tokens)
-            add_hook(self, block, host.add_pre_hook, entry_hook.pre)
+            # Innermost in the block's forward chain, ahead of every other link of the patch there (torch: one Python
+            # call a block, where a forward pre-hook costs torch three; else a forward pre-hook)
+            around(self, block, entry_hook.pre, None)
             if self.args.mode == "downsample":
                 install_downsample(self, index, block, kind)
             else:

@@ -24,6 +24,7 @@ from .seam import Arming
 from .torch_seam import Seam
 
 KeyValues = Callable[[Dict[str, Any]], Dict[str, Any]]
+_new_arming = object.__new__  # an Arming (slots, no state beyond them) made without running its __init__
 
 
 def _registry() -> Any:
@@ -65,10 +66,12 @@ class DispatchSeam(Seam):
         current = slot.armed if self._eager_armed else None
         if current is not None and current.left > 0:
             rewrite = _Both(current.rewrite, rewrite)
+        arming = _new_arming(Arming)  # Arming(rewrite, uses) with no Python frame for its __init__
+        arming.rewrite, arming.left = rewrite, uses
         with self._count_lock:
             if slot.armed is None:
                 self._eager_armed += 1
-            slot.armed = Arming(rewrite, uses)
+            slot.armed = arming
 
     def _wrap(self) -> None:
         self.cover_new_backends()
