@@ -49,6 +49,19 @@ class KVDownsample:
         return self._xp.take(x, self._keep, 1)
 
 
+    def shrink_tails(self, key: Any, value: Any) -> Tuple[Any, Any]:
+        """shrink_tail of keys and values of one shape (an attention's), the index read once: (keys, values)."""
+        xp = self._xp
+        shape = xp.shape(key)
+        s, n = shape[1], self.num_tokens
+        if self._pool is not None or s < n or xp.shape(value)[:2] != shape[:2]:
+            return self.shrink_tail(key), self.shrink_tail(value)
+        index = self._tail_index.get(s - n)
+        if index is None:
+            index = self._keep if s == n else xp.concat([xp.arange(s - n, self._keep), self._keep + (s - n)], 0)
+            self._tail_index[s - n] = index
+        return xp.take(key, index, 1), xp.take(value, index, 1)
+
     def shrink_tail(self, x: Any) -> Any:
         """x [B, S, ...] whose last N rows along axis 1 are the image's (any before them text): the image's rows
         downsampled, the text's kept, in one gather for "nearest" (its index kept per text length)."""

@@ -8,7 +8,6 @@ from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple
 
 from . import rng
 from .backend import Backend, get_backend
-from .images import own_image
 from .token_merge import TokenMerge
 
 
@@ -130,8 +129,10 @@ class Matching:
         self.order, self.position, self.like, self.memo = order, position, metric, memo
         unit = xp.take(xp.l2_normalize(metric, -1), order, 1)  # src tokens, then dst tokens
         scores = xp.matmul_transposed(unit[:, :self.num_src], unit[:, self.num_src:])
-        if images is not None:
-            scores = own_image(xp, scores, images, self.num_src)
+        if images is not None:  # own_image inline: a src token matches its own image's dst only
+            num_src = self.num_src
+            same = xp.equal(xp.reshape(images[:num_src], [num_src, 1]), xp.reshape(images[num_src:], [1, num_dst]))
+            scores = xp.where(same, scores, float("-inf"))
         node_max, self.node_idx = xp.max_with_indices(scores, -1)  # best dst for each src
         self.edge_order = xp.argsort(node_max, -1, True)  # src positions, most similar first
 
@@ -320,7 +321,10 @@ def compute_coordinate_merges(xp: Backend, metric: Any, coords: Sequence[Any], s
     order, position, num_dst = partition
     if per_sample or b == 1:  # a batch of one is matched on its own metric either way
         matching = Matching(xp, metric, order, position, num_dst, memo, images, shape=(b, n))
-        merges = {r: matching.represented_merge(r) for r in sorted(set(rs)) if r > 0}
+        if len(rs) == 1:  # one r (no per-site ratios): no comprehension, a Python call of its own
+            merges = {rs[0]: matching.represented_merge(rs[0])}
+        else:
+            merges = {r: matching.represented_merge(r) for r in sorted(set(rs)) if r > 0}
         if not per_sample:
             for merge in merges.values():
                 merge.representatives = merge.representatives[0]

@@ -5,7 +5,7 @@ matching.py computes it; the runtime applies it to every sub-layer's tokens, rot
 from __future__ import annotations
 
 import math
-from typing import Any, Tuple
+from typing import Any, Sequence, Tuple
 
 from .backend import Backend
 
@@ -58,10 +58,11 @@ class TokenMerge:
         return xp.reshape(xp.scatter_reduce(target, self._flat_rows, flat, mode), [b, m, c])
 
     def unmerge(self, x: Any) -> Any:
-        b, m, c = self._xp.shape(x)
+        xp = self._xp
+        b, m, c = xp.shape(x)
         if b != self.batch or m != self.num_merged:
             raise self._wrong(x, self.num_merged, "unmerge")
-        return self._unmerged(x, c)
+        return xp.reshape(xp.take(xp.reshape(x, [b * m, c]), self._flat_rows, 0), [b, self.num_tokens, c])  # _unmerged
 
     def _unmerged(self, x: Any, c: int) -> Any:
         xp, b = self._xp, self.batch
@@ -70,17 +71,20 @@ class TokenMerge:
     # A sequence [B, S, C] whose last N tokens are the image (text in front, as in Flux's single blocks):
     # the image segment merges and unmerges, the tokens in front pass as they are.
     def merge_tail(self, x: Any) -> Any:
-        b, s, c = self._xp.shape(x)
-        if s == self.num_tokens and b == self.batch:
-            return self._merged(x, c)
+        xp = self._xp
+        b, s, c = xp.shape(x)
+        if s == self.num_tokens and b == self.batch:  # _merged's mean inline: every merging site of every block
+            m = self.num_merged
+            return xp.reshape(xp.segment_mean(xp.reshape(x, [b * s, c]), self._flat_rows, b * m), [b, m, c])
         if b != self.batch or s < self.num_tokens:
             raise self._wrong(x, self.num_tokens, "merge")
         return self._xp.concat([x[:, : s - self.num_tokens], self._merged(x[:, s - self.num_tokens:], c)], 1)
 
     def unmerge_tail(self, x: Any) -> Any:
-        b, s, c = self._xp.shape(x)
-        if s == self.num_merged and b == self.batch:
-            return self._unmerged(x, c)
+        xp = self._xp
+        b, s, c = xp.shape(x)
+        if s == self.num_merged and b == self.batch:  # _unmerged inline: every merging site of every block
+            return xp.reshape(xp.take(xp.reshape(x, [b * s, c]), self._flat_rows, 0), [b, self.num_tokens, c])
         if b != self.batch or s < self.num_merged:
             raise self._wrong(x, self.num_merged, "unmerge")
         return self._xp.concat([x[:, : s - self.num_merged], self._unmerged(x[:, s - self.num_merged:], c)], 1)
@@ -141,7 +145,34 @@ class TokenMerge:
             rest = xp.arange(text, self.representatives) + (self.num_tokens if image_first else 0)
             parts = [self.representatives, rest] if image_first else [rest, self.representatives + head]
             return xp.take(table, xp.concat(parts, 0), axis)
+        if axis == 0:  # rows first ([S, D], Flux's): _gather_sample_rows' first case inline, at every block
+            rows = self._row_index.get((head, text - head))
+            if rows is None:
+                rows = self._sample_rows(head, text - head)
+            b, kept = self.batch, self.num_merged + text
+            return xp.reshape(xp.take(table, xp.reshape(rows, [b * kept]), 0), [b, kept] + list(shape[1:]))
         return self._gather_sample_rows(table, axis, head, text - head, shape)
+
+    def gather_tables(self, tables: Sequence[Any], axis: int = 0, image_first: bool = False) -> Tuple[Any, ...]:
+        """gather_rows of each of `tables` (a rotary embedding's (cos, sin)), as a tuple."""
+        xp = self._xp
+        if self._rep_rank is None:
+            self._rep_rank = len(xp.shape(self.representatives))
+        gathered = []
+        for table in tables:
+            shape = xp.shape(table)
+            text = shape[0] - self.num_tokens
+            if axis != 0 or self._rep_rank != 2 or text < 0:  # gather_rows' other cases (and its refusal)
+                gathered.append(self.gather_rows(table, axis, image_first))
+                continue
+            # gather_rows' per-sample case for rows first ([S, D], Flux's), inline: the tables share one index
+            head = 0 if image_first else text
+            rows = self._row_index.get((head, text - head))
+            if rows is None:
+                rows = self._sample_rows(head, text - head)
+            b, kept = self.batch, self.num_merged + text
+            gathered.append(xp.reshape(xp.take(table, xp.reshape(rows, [b * kept]), 0), [b, kept] + list(shape[1:])))
+        return tuple(gathered)
 
     def _sample_rows(self, head: int, after: int) -> Any:
         """[B, head + M + after]: each sample's rows of a per-token table, `head` text rows before the image's and

@@ -21,31 +21,30 @@ from tomesd.bench.measures.host_cost import NARROW, build_narrow, host_work, nar
 # the call's own work (the random draw, the partitions of every block, the grid's coordinates) weighs per block.
 # (launches, Python calls) per reduced block, measured as: launches, calls.
 MEASURED = {
-    "sd1-unet": (21.7, 67.0), "sd3": (21.3, 67.3), "pixart": (21.3, 67.3), "flux": (41.5, 120.8),
-    "wan": (58.0, 106.0), "chronoedit": (58.0, 106.0), "skyreels-v2": (58.0, 106.0), "wan-vace": (58.0, 106.0),
-    "wan-animate": (58.0, 106.0), "cosmos": (65.0, 111.0), "hunyuan_video15": (74.0, 132.0),
-    "hunyuan-video": (76.0, 152.5), "motif-video": (76.0, 152.5), "framepack": (85.0, 161.5),
-    "hidream": (64.0, 105.0), "hunyuan-image": (76.0, 148.0), "mochi": (65.5, 110.0), "consisid": (66.5, 111.0),
-    "easyanimate": (66.5, 111.0), "sana-video": (58.5, 106.0), "latte": (25.5, 97.0), "ltx-video": (62.0, 114.5),
-    "ltx2": (101.0, 154.0), "qwen-image": (64.0, 133.5), "z-image": (102.5, 137.0), "lumina2": (93.3, 128.3),
-    "omnigen": (87.0, 125.5), "chroma": (50.2, 121.8), "flux2": (41.5, 119.2), "cogview4": (66.5, 110.5),
-    "sana": (25.5, 74.5), "hunyuan-dit": (46.5, 94.2), "auraflow": (38.8, 73.2), "prx": (59.0, 100.5),
-    "bria": (64.5, 134.5), "bria-fibo": (68.0, 140.0), "longcat-image": (68.0, 137.5), "ovis-image": (64.5, 134.5),
-    "cogview3-plus": (26.5, 74.5), "glm-image": (66.0, 110.5), "cogvideox-1.5": (72.0, 133.0),
-    "joyimage-edit": (116.0, 157.0), "krea2": (97.0, 170.0), "flux3": (68.0, 140.0),
-    "nucleusmoe-image": (64.0, 145.5), "helios": (106.0, 136.0), "anyflow": (97.0, 142.0),
-    "controlnet-xs": (16.6, 57.7), "unet3d": (21.3, 67.0),
+    "sd1-unet": (21.7, 38.0), "sd3": (21.3, 39.3), "pixart": (21.3, 38.3), "flux": (41.5, 59.5), "wan": (58.0, 71.5),
+    "chronoedit": (58.0, 71.5), "skyreels-v2": (58.0, 71.5), "wan-vace": (58.0, 71.5), "wan-animate": (58.0, 71.5),
+    "cosmos": (65.0, 76.5), "hunyuan_video15": (74.0, 78.0), "hunyuan-video": (76.0, 95.5),
+    "motif-video": (76.0, 95.5), "framepack": (85.0, 104.5), "hidream": (64.0, 75.0), "hunyuan-image": (76.0, 91.0),
+    "mochi": (65.5, 77.5), "consisid": (66.5, 77.5), "easyanimate": (66.5, 77.5), "sana-video": (58.5, 71.5),
+    "latte": (25.5, 52.5), "ltx-video": (62.0, 80.0), "ltx2": (101.0, 120.0), "qwen-image": (64.0, 101.0),
+    "z-image": (102.5, 97.0), "lumina2": (93.3, 90.3), "omnigen": (87.0, 91.0), "chroma": (50.2, 64.2),
+    "flux2": (41.5, 59.5), "cogview4": (66.5, 77.0), "sana": (25.5, 46.0), "hunyuan-dit": (46.5, 59.5),
+    "auraflow": (38.8, 45.0), "prx": (59.0, 68.0), "bria": (64.5, 77.0), "bria-fibo": (68.0, 80.5),
+    "longcat-image": (68.0, 77.5), "ovis-image": (64.5, 77.0), "cogview3-plus": (26.5, 47.0),
+    "glm-image": (66.0, 77.0), "cogvideox-1.5": (72.0, 87.5), "joyimage-edit": (116.0, 124.0), "krea2": (97.0, 112.0),
+    "flux3": (68.0, 82.0), "nucleusmoe-image": (64.0, 113.0), "helios": (106.0, 105.0), "anyflow": (97.0, 108.0),
+    "controlnet-xs": (16.6, 28.0), "unet3d": (21.3, 38.0),
 }
 
 # The yardsticks (host_cost.NARROW): each model's real block structure at a tiny width, batch 2, an 8x8 latent, the
 # defaults of each mode. The goals: merge <= 20 launches and <= 50 Python calls per merged block,
 # downsample <= 3 and <= 20 (docs/host-cost.md says which are met).
 YARDSTICKS = {
-    ("sd1.5", "merge"): (18.4, 53.8), ("sd1.5", "downsample"): (2.2, 33.2),
-    ("sdxl", "merge"): (16.2, 49.4), ("sdxl", "downsample"): (1.6, 30.1),
-    ("sd3", "merge"): (14.9, 46.9), ("sd3", "downsample"): (1.2, 33.3),
-    ("flux", "merge"): (30.9, 110.7), ("flux", "downsample"): (2.5, 52.3),
-    ("wan", "merge"): (21.6, 69.3), ("wan", "downsample"): (2.4, 56.6),
+    ("sd1.5", "merge"): (18.4, 32.0), ("sd1.5", "downsample"): (2.2, 15.2),
+    ("sdxl", "merge"): (16.2, 27.5), ("sdxl", "downsample"): (1.6, 12.1),
+    ("sd3", "merge"): (14.9, 25.9), ("sd3", "downsample"): (1.2, 16.3),
+    ("flux", "merge"): (30.9, 48.2), ("flux", "downsample"): (2.5, 19.3),
+    ("wan", "merge"): (21.6, 40.2), ("wan", "downsample"): (2.4, 19.6),
 }
 
 

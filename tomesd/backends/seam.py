@@ -44,6 +44,10 @@ class Seam:
         self._thread = _ThreadSlot()
         self._traced: Optional[Arming] = None
         self._users: Dict[int, "weakref.ref[Any]"] = {}
+        # Eager armings held in thread slots now, every thread (a plain int): while there are none, `armed` reads no
+        # thread-local and asks no question to the host
+        self._eager_armed = 0
+        self._count_lock = threading.Lock()
 
     def _wrap(self) -> None:
         raise NotImplementedError
@@ -81,28 +85,58 @@ class Seam:
         return bool(self._users)
 
     # ---- one attention call ----
-    def arm(self, rewrite: Callable, uses: int = 1) -> None:
+    # `eager`: whether a graph compiler traces the caller's call, where the caller knows it (the runtime's
+    # CallState.eager, read once a call); None asks the host (`_compiling`: three Python calls in torch).
+    def arm(self, rewrite: Callable, uses: int = 1, eager: Optional[bool] = None) -> None:
         arming = Arming(rewrite, uses)
-        if self._compiling():
+        if eager is None:
+            eager = not self._compiling()
+        if not eager:
             self._traced = arming
-        else:
-            self._thread.armed = arming
+            return
+        slot = self._thread
+        with self._count_lock:
+            if slot.armed is None:
+                self._eager_armed += 1
+            slot.armed = arming
 
-    def disarm(self) -> bool:
+    def disarm(self, eager: Optional[bool] = None) -> bool:
         """Clear this call's arming; whether the calls it was for took it."""
-        arming = self._take_slot()
+        if eager:  # _take_slot inline: every armed attention of every block
+            slot = self._thread
+            arming = slot.armed
+            if arming is not None:
+                with self._count_lock:
+                    slot.armed = None
+                    self._eager_armed -= 1
+        else:
+            arming = self._take_slot(eager)
         return arming is None or arming.left == 0
 
     def clear(self) -> None:
         """Drop an arming left by an attention call that raised (the root's exit calls this)."""
         self._take_slot()
 
-    def _take_slot(self) -> Optional[Arming]:
-        if self._compiling():
+    def _take_slot(self, eager: Optional[bool] = None) -> Optional[Arming]:
+        if eager is None:
+            eager = not self._compiling()
+        if not eager:
             arming, self._traced = self._traced, None
-        else:
-            arming, self._thread.armed = self._thread.armed, None
+            return arming
+        slot = self._thread
+        arming = slot.armed
+        if arming is not None:
+            with self._count_lock:
+                slot.armed = None
+                self._eager_armed -= 1
         return arming
 
     def armed(self) -> Optional[Arming]:
+        """This call's arming. While no thread holds an eager one, the traced slot (None in eager mode), with no
+        question to the host; while one does and none is traced, this thread's (a wrapper of the host's function
+        runs where its attention's hook armed: the whole model eager, or the whole model traced)."""
+        if not self._eager_armed:
+            return self._traced
+        if self._traced is None:
+            return self._thread.armed
         return self._traced if self._compiling() else self._thread.armed

@@ -1,16 +1,13 @@
 """PyTorch backend."""
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 
 import torch
 
 from . import torch_dispatch, torch_function_seam, torch_links, torch_parallel, torch_projections, torch_sdpa
 
-
-
-def _sort_indices(x: torch.Tensor, axis: int, descending: bool) -> torch.Tensor:
-    return torch.sort(x, dim=axis, descending=descending, stable=True).indices
 
 
 class TorchArrays:
@@ -81,7 +78,9 @@ class TorchArrays:
     def scatter_reduce(target: torch.Tensor, indices: torch.Tensor, src: torch.Tensor, mode: str) -> torch.Tensor:
         return target.index_reduce(0, indices, src, mode, include_self=False)
 
-    argsort = staticmethod(_sort_indices)
+    @staticmethod
+    def argsort(x: torch.Tensor, axis: int, descending: bool) -> torch.Tensor:
+        return torch.sort(x, dim=axis, descending=descending, stable=True).indices
 
     @staticmethod
     def matmul_transposed(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -139,6 +138,11 @@ class TorchHost:
     def named_modules(self, module: torch.nn.Module) -> Iterator[Tuple[str, torch.nn.Module]]:
         return module.named_modules()
 
+    # Read inline on the hot path, with no Python frame (runtime.ToMePatch): the attribute naming a tensor's device,
+    # compared before asking on_device_of, and the tensor type on_local_tokens passes through as it is
+    device_attr = "device"
+    plain_tensor = torch.Tensor
+
     def on_device_of(self, x: torch.Tensor, like: Any) -> torch.Tensor:
         """`x` on the device of `like` (a tensor; anything else leaves `x` as it is)."""
         device = getattr(like, "device", None)
@@ -195,15 +199,28 @@ class TorchHost:
         """This process's band of `root`'s tokens under diffusers' context parallelism, or None."""
         return torch_parallel.context_split(root)
 
-    def rotation_at_dispatch(self, how: str, rows: Any, image_first: bool = False, identity: bool = True) -> Any:
-        """(identity rows for the processor, or None without `identity`; the dispatch's rewrite rotating by
-        per-sample `rows`): torch_dispatch.py."""
-        return torch_dispatch.rotation_at_dispatch(how, rows, image_first, identity)
+    # (identity rows for the processor, or None without `identity`; the dispatch's rewrite rotating by per-sample
+    # `rows`): torch_dispatch.rotation_at_dispatch(how, rows, image_first=False, identity=True), bound as it is (every
+    # rotating site of every block calls it)
+    rotation_at_dispatch = staticmethod(torch_dispatch.rotation_at_dispatch)
 
     def dispatches(self, processor: Any) -> bool:
         """Whether `processor` calls diffusers' attention dispatch (so the seam sees its keys)."""
         return torch_dispatch.available() and torch_dispatch.dispatches(processor)
 
 
+class EagerTorchArrays(TorchArrays):
+    """TorchArrays for a call no graph compiler traces (the runtime picks it per call: CallState.xp). `shape` is
+    the tensor's own torch.Size, a tuple of plain ints in eager mode, read by a C getter: no Python frame for the
+    op the hot path calls most. (Traced, sizes may be symbolic: TorchArrays.shape makes them ints.)"""
+
+    shape = operator.attrgetter("shape")
+
+    def __reduce__(self) -> str:
+        return "eager_backend"
+
+
 backend = TorchArrays()
+eager_backend = backend.eager = EagerTorchArrays()  # `eager`: the backend's variant for calls never traced
+eager_backend.eager = eager_backend
 host = TorchHost()

@@ -16,13 +16,15 @@ had. The wrappers go when the last patch using them is removed (seam.py: users, 
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from .seam import Arming
 from .torch_seam import Seam
 
 KeyValues = Callable[[Dict[str, Any]], Dict[str, Any]]
+_new_arming = object.__new__  # an Arming (slots, no state beyond them) made without running its __init__
 
 
 def _registry() -> Any:
@@ -49,13 +51,27 @@ class DispatchSeam(Seam):
     def __reduce__(self) -> str:  # a copied patch shares the process's seam
         return "SEAM"
 
-    def arm(self, rewrite: Any, uses: int = 1) -> None:
+    def arm(self, rewrite: Any, uses: int = 1, eager: Optional[bool] = None) -> None:
         """Arm one attention's call; a second arming for the same call (a per-sample rotation, then proportional
         attention's weights under context parallelism) runs after the first, on what it gave."""
-        current = self.armed()
+        if eager is None:
+            eager = not self._compiling()
+        if not eager:
+            current = self._traced
+            if current is not None and current.left > 0:
+                rewrite = _Both(current.rewrite, rewrite)
+            self._traced = Arming(rewrite, uses)
+            return
+        slot = self._thread  # Seam.arm inline: every rotating or downsampling attention of every block
+        current = slot.armed if self._eager_armed else None
         if current is not None and current.left > 0:
             rewrite = _Both(current.rewrite, rewrite)
-        super().arm(rewrite, uses)
+        arming = _new_arming(Arming)  # Arming(rewrite, uses) with no Python frame for its __init__
+        arming.rewrite, arming.left = rewrite, uses
+        with self._count_lock:
+            if slot.armed is None:
+                self._eager_armed += 1
+            slot.armed = arming
 
     def _wrap(self) -> None:
         self.cover_new_backends()
@@ -97,10 +113,15 @@ class _Wrapped:
         self.__wrapped__ = fn
 
     def __call__(self, **kwargs: Any) -> Any:
-        arming = self.seam.armed()
+        seam = self.seam  # Seam.armed inline: every attention call of every model while the seam is open
+        arming = seam._traced
+        if seam._eager_armed:
+            arming = seam._thread.armed if arming is None else seam.armed()
         if arming is not None and arming.left > 0:  # one attention per arming: an IP-Adapter's second stays whole
             arming.left -= 1
-            return _run(arming.rewrite, self.fn, kwargs)
+            rewrite = arming.rewrite  # _run inline
+            around = getattr(rewrite, "around", None)
+            return around(self.fn, kwargs) if around is not None else self.fn(**rewrite(kwargs))
         return self.fn(**kwargs)
 
 

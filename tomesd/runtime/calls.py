@@ -22,7 +22,7 @@ class CallState:
     __slots__ = ("grid", "coords", "ids", "tail", "head", "timestep", "key", "draws", "finest_level", "merges",
                  "pending", "shared", "step", "ratio", "watch", "band", "restore", "restoring", "unified", "partitions",
                  "memo", "idle", "outer", "grid_tokens",
-                 "images", "eager")
+                 "images", "eager", "xp")
 
     def __init__(self) -> None:
         # The layout's reading of this call's token grid, from shapes only (tomesd/layouts/): the latent's
@@ -53,6 +53,9 @@ class CallState:
         # after the call (ToMePatch.park)
         self.idle: List[int] = []
         self.eager = True  # False while a graph compiler traces the call (its hooks then touch no Python-only state)
+        # The array backend of this call: the backend's eager variant (`xp.eager`: torch's reads shapes with no
+        # Python frame) unless a graph compiler traces it; None: the patch's own
+        self.xp: Any = None
         self.outer: Optional["CallState"] = None  # the call this one runs inside (CallStacks.innermost after it)
         self.finest_level: Optional[int] = None  # UNets: level of the call's first attention block
         self.merges: Dict[int, BlockMerge] = {}
@@ -101,6 +104,9 @@ class CallStacks:
         self._traced: List[CallState] = []
         self.innermost: Optional[CallState] = None
         self.shared = False
+        # Whether `innermost` is every hook's call (no second thread, no host asking at each hook): hooks then read
+        # it inline, `calls.innermost if calls.direct else calls.top()`, with no Python call
+        self.direct = not self._ask_each_hook
         self._active = 0  # eager calls in flight, every thread
         self._owner: Optional[int] = None  # the thread they belong to while not shared
         self._lock = threading.Lock()
@@ -115,7 +121,7 @@ class CallStacks:
         with self._lock:
             thread = threading.get_ident()
             if self._active and thread != self._owner:
-                self.shared = True
+                self.shared, self.direct = True, False
             self._active += 1
             self._owner = thread if self._active == 1 else self._owner
             if not self.shared:
@@ -132,6 +138,7 @@ class CallStacks:
             self._active = max(self._active - 1, 0)
             if not self._active:
                 self.shared, self._owner, self.innermost = False, None, None
+                self.direct = not self._ask_each_hook
             elif not self.shared and call is not None:
                 self.innermost = call.outer
         return call

@@ -23,25 +23,51 @@ class DownsampleContext(SiteHook):
                  mask: InputSpec) -> None:
         super().__init__(patch, index)
         self.tokens, self.context, self.mask = tokens, context, mask
+        self._unfused: Any = None  # the processor last found unfused (fused() asked again when it changes)
 
     def pre(self, module: Any, args: tuple, kwargs: dict) -> Any:
-        call = self.patch.calls.top()
-        down = self.patch.block_merge(call, self.index, self.tokens.get(args, kwargs))
+        # calls.top, block_merge and InputSpec's get and replace inline: every downsampled block of every call
+        patch, index = self.patch, self.index
+        calls = patch.calls
+        call = calls.innermost if calls.direct else calls.top()
+        spec = self.tokens
+        x = args[spec.index] if spec.index is not None and len(args) > spec.index else kwargs.get(spec.name)
+        if call is None:
+            down = patch.block_merge(call, index, x)
+        else:
+            if index in call.pending:  # the block's first hooked sub-layer: downsample now
+                patch.settle(call, index, x)
+            down = call.merges.get(index)
         if down is None:
             return None
-        if self.context is None or self.context.get(args, kwargs) is not None:
+        context = self.context
+        if context is None:
+            return None
+        at = context.index is not None and len(args) > context.index
+        if (args[context.index] if at else kwargs.get(context.name)) is not None:
             return None  # keys/values already come from elsewhere (only_cross_attention): nothing to downsample
-        if fused(module):
-            raise ValueError(FUSED_QKV)
-        if self.mask.get(args, kwargs) is not None:
+        processor = getattr(module, "processor", None)
+        if processor is None or processor is not self._unfused:
+            if fused(module):
+                raise ValueError(FUSED_QKV)
+            # A processor whose type is no fused one never is (fused() asks its type first): kept, not asked again
+            self._unfused = processor if "Fused" not in type(processor).__name__ else None
+        mask = self.mask  # InputSpec.get inline
+        if (args[mask.index] if mask.index is not None and len(args) > mask.index else kwargs.get(mask.name)) \
+                is not None:
             raise ValueError(MASKED_DOWNSAMPLE)
-        x = self.tokens.get(args, kwargs)
-        small = self._timed(call, "downsample", down, x)
-        self._record(call, "downsample", x, small)
-        if self.patch.key_seam is not None:  # armed inside the attention's own forward (CheckWeighed.pre), where
-            if call is not None:              # a step cache that skips the attention skips the arming too
-                call.shared[("weigh", self.index)] = down
-        return self.context.replace(args, kwargs, small)
+        if call is None or call.watch is None:
+            small = down(x)
+        else:
+            small = self._timed(call, "downsample", down, x)
+            self._record(call, "downsample", x, small)
+        if patch.key_seam is not None:  # armed inside the attention's own forward (CheckWeighed.pre), where
+            if call is not None:         # a step cache that skips the attention skips the arming too
+                call.shared[("weigh", index)] = down
+        if at:
+            i = context.index
+            return args[:i] + (small,) + args[i + 1:], kwargs
+        return args, {**kwargs, context.name: small}
 
 
 class DownsampleProjection(SiteHook):
@@ -52,11 +78,21 @@ class DownsampleProjection(SiteHook):
         self.attention, self.name, self.image_keys_first = attention, name, image_keys_first
 
     def pre(self, module: Any, args: tuple, kwargs: dict) -> Any:
-        call = self.patch.calls.top()
-        down = self.patch.block_merge(call, self.index, args[0] if args else kwargs.get("input"))
+        patch, index = self.patch, self.index  # calls.top and block_merge inline (every downsampled block)
+        calls = patch.calls
+        call = calls.innermost if calls.direct else calls.top()
+        x = args[0] if args else kwargs.get("input")
+        if call is None:
+            down = patch.block_merge(call, index, x)
+        else:
+            if index in call.pending:  # the block's first hooked sub-layer: downsample now
+                patch.settle(call, index, x)
+            down = call.merges.get(index)
         if down is None:
             return None
-        if getattr(self.attention, self.name) is not module:
+        modules = getattr(self.attention, "_modules", None)  # a dict read: no module __getattr__ (a Python call)
+        current = modules.get(self.name) if modules is not None else None
+        if (current if current is not None else getattr(self.attention, self.name)) is not module:
             # Wrapped after apply_patch (a LoRA adapter: the wrapper feeds this layer and its own
             # branch the same input, and only this one would shrink).
             raise ValueError(
@@ -71,11 +107,15 @@ class DownsampleProjection(SiteHook):
         if last is not None and last[0] is x:
             small = last[1]
         else:
-            small = self._timed(call, "downsample", down, x)
+            if call is None or call.watch is None:
+                small = down(x)
+            else:
+                small = self._timed(call, "downsample", down, x)
+                self._record(call, "downsample", x, small)  # once per attention: to_v reuses to_k's
             if call is not None:
                 call.shared["projected"] = (x, small)
-            self._record(call, "downsample", x, small)  # once per attention: to_v reuses to_k's
-            weigh_downsampled(self.patch, down, self.image_keys_first)
+            if patch.key_seam is not None:  # weigh_downsampled inline
+                key_weights.arm(patch, down, self.image_keys_first)
         return ((small,) + args[1:], kwargs) if args else (args, {**kwargs, "input": small})
 
 
@@ -89,19 +129,31 @@ class DownsampleDispatch(SiteHook):
         self.attention, self.tokens = attention, tokens
 
     def pre(self, module: Any, args: tuple, kwargs: dict) -> None:
-        call = self.patch.calls.top()
-        down = self.patch.block_merge(call, self.index, self.tokens.get(args, kwargs))
-        kept = None if call is None or call.restore is None else call.restoring.get(self.index)
+        patch, index = self.patch, self.index  # calls.top, block_merge and InputSpec.get inline (every block)
+        calls = patch.calls
+        call = calls.innermost if calls.direct else calls.top()
+        spec = self.tokens
+        x = args[spec.index] if spec.index is not None and len(args) > spec.index else kwargs.get(spec.name)
+        if call is None:
+            down = patch.block_merge(call, index, x)
+        else:
+            if index in call.pending:  # the block's first hooked sub-layer: downsample now
+                patch.settle(call, index, x)
+            down = call.merges.get(index)
+        kept = None if call is None or call.restore is None else call.restoring.get(index)
+        eager = None if call is None else call.eager  # where the seam arms: the call says, the host is not asked
         if kept is not None:  # restore_tokens: at the dispatch, where only the attention itself runs twice
-            self.patch.seam.arm(DispatchRestore(self, kept[1], restore._key(self, module, 0, call.restore.ordinal),
-                                                call.restore))
+            patch.seam.arm(DispatchRestore(self, kept[1], restore._key(self, module, 0, call.restore.ordinal),
+                                           call.restore), 1, eager)
         elif down is not None:
-            self.patch.seam.arm(functools.partial(self._shrink, down))
-            if self.patch.key_seam is not None:
-                weigh_downsampled(self.patch, down, False)
+            patch.seam.arm(functools.partial(self._shrink, down), 1, eager)
+            if patch.key_seam is not None:
+                weigh_downsampled(patch, down, False)
 
     def post(self, module: Any, args: tuple, output: Any) -> None:
-        if not self.patch.seam.disarm():
+        calls = self.patch.calls
+        call = calls.innermost if calls.direct else calls.top()
+        if not self.patch.seam.disarm(None if call is None else call.eager):
             raise RuntimeError(
                 f"mode='downsample' found no attention call of diffusers' dispatch inside "
                 f"{type(module).__name__} (processor {type(getattr(module, 'processor', None)).__name__}), so "
@@ -119,14 +171,15 @@ class DownsampleDispatch(SiteHook):
             raise ValueError(
                 f"mode='downsample' expected {self._name()}'s keys and values to end with the {n} image tokens "
                 f"[B, S, heads, dim], got {list(shape(key))} and {list(shape(value))}; use mode='merge'")
-        call = self.patch.calls.top()
+        calls = self.patch.calls
+        call = calls.innermost if calls.direct else calls.top()
         if call is not None and call.watch is not None:
             small_key = self._timed(call, "downsample", down.shrink_tail, key)
             text = k[1] - n
             self._record(call, "downsample", key[:, text:], small_key[:, text:])
             small_value = self._timed(call, "downsample", down.shrink_tail, value)
         else:
-            small_key, small_value = down.shrink_tail(key), down.shrink_tail(value)
+            small_key, small_value = down.shrink_tails(key, value)
         if self.patch.seam.observers and not self.patch.host.is_compiling():
             for observe in self.patch.seam.observers:
                 observe(n, down.num_kept)

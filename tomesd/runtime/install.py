@@ -69,6 +69,8 @@ def install_downsample(patch: Any, index: int, block: Any, kind: BlockKind) -> N
             first = any(layer.image_keys_first for layer in kind.sublayers if layer.name == way.attention)
             for projection in guards.KV_PROJECTIONS:
                 hook = DownsampleProjection(patch, index, attn, projection, first)
+                # A forward pre-hook, not a link in the projection's forward chain (one Python call where the hook
+                # costs torch three): what the projection is called with stays what hooks on it see
                 add_hook(patch, getattr(attn, projection), host.add_pre_hook, hook.pre)
 
 
@@ -137,8 +139,8 @@ def install_merge(patch: Any, index: int, block: Any, kind: BlockKind) -> None:
         if inner is not None:
             spec = InputSpec.find(inner, (span.rotary,), first_positional=False) or InputSpec(span.rotary, None)
             rotary = SpanRotary(patch, index, span, spec)
-            if inner is block:  # after the block's entry hook
-                add_hook(patch, inner, host.add_pre_hook, rotary.pre)
+            if inner is block:  # after the block's entry hook: seated inside its link (or after its pre-hook)
+                around(patch, inner, rotary.pre, None)
             else:  # around the attention's own forward, where an arming of the dispatch belongs
                 around(patch, inner, rotary.pre, rotary.post)
         if weighs(patch, span.flag):

@@ -19,6 +19,10 @@ from .guards import CHUNKED_FF
 from .restore import CallRestore
 from .reuse import TimestepSteps
 
+# A partition table's device where the host cannot say it (no device_attr): every block then moves its row there, as
+# on_device_of does (a no-op on the block's own device).
+_ANY = object()
+
 
 class Matcher:
     """The matchings of one patch. `patch` gives: args, xp and host, layout, blocks, clock and slot."""
@@ -33,6 +37,9 @@ class Matcher:
         self.steps = TimestepSteps()  # a bare model's steps and kept matchings (reuse_steps > 1)
         self.memo: Dict[Any, Any] = {}  # index constants by shape and device, for eager calls (CallState.memo)
         self.plans: Dict[Any, Any] = {}  # each block's plan by the shapes it was made for (_plan)
+        # The attribute naming a tensor's device, where the host gives one (read by the builtin getattr: no Python
+        # frame, and traceable): a block on the partition table's device then skips on_device_of
+        self.device_attr = getattr(patch.host, "device_attr", None)
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "memo": {}, "plans": {}}  # copies build their own constants and plans
@@ -80,10 +87,24 @@ class Matcher:
     def block_merge(self, index: int, block: Any, x: Any, call: CallState, grad: bool) -> BlockMerge:
         """Block `index`'s merge (or downsampling) from its image tokens `x`, or None where it does not reduce."""
         patch, args = self.patch, self.patch.args
-        batch, num_tokens = patch.xp.shape(x)[:2]
+        xp = call.xp or patch.xp  # the call's: eager or traced (CallState.xp)
+        batch, num_tokens = xp.shape(x)[:2]
         # Every band this process matches (bands=P on one process) is planned as one band: its share of r.
-        bands = call.band.count if call.band is not None and call.band.index is None else 1
-        plan = self._plan(index, call, batch, num_tokens // bands, bands)
+        band = call.band
+        bands = band.count if band is not None and band.index is None else 1
+        # _plan's kept plan, looked up inline (every block of every call asks), by everything the plan reads (the
+        # settings are the patch's; a grid that plans read is a tuple of ints). A string key: paddle's SOT translator
+        # cannot simulate a dict keyed by tuples.
+        num_tokens //= bands
+        key = (f"{index} {batch} {num_tokens} {bands} {call.ratio} {call.finest_level} "
+               f"{call.grid if patch.layout.plans_by_grid else None}")
+        kept = self.plans.get(key)
+        if kept is None:
+            plan = self._plan(index, call, batch, num_tokens, bands, key)
+        else:
+            plan, call.finest_level, idle = kept
+            if idle:
+                call.idle.append(index)
         if plan is None:
             return None
         if args.mode == "downsample":
@@ -96,7 +117,7 @@ class Matcher:
             key = ("downsample", batch, frames, h, w)
             if key not in call.shared:  # the same index map for every block of the level
                 call.shared[key] = compute_downsample(
-                    patch.xp, x, batch, w, h, args.downsample_factor, args.downsample_method, frames)
+                    xp, x, batch, w, h, args.downsample_factor, args.downsample_method, frames)
                 if call.watch is not None:
                     self._note(call, index, computed=1)
             elif call.watch is not None:
@@ -116,34 +137,21 @@ class Matcher:
         call.shared[key] = merge
         return merge
 
-    def _plan(self, index: int, call: CallState, batch: int, num_tokens: int, bands: int) -> Any:
-        """The layout's plan of block `index`, kept by everything it reads (the settings are the patch's): the same
-        shapes plan alike at every call, so the plan is made once per block and shape, not per call."""
-        layout = self.patch.layout
-        key = (index, batch, num_tokens, bands, call.ratio, call.finest_level, call.grid if layout.plans_by_grid else None)
-        try:
-            kept = self.plans.get(key)
-        except TypeError:  # a grid that is no plain tuple of ints: planned anew
-            key, kept = None, None
-        if kept is None:
-            idle = len(call.idle)
-            plan = layout.plan(self.patch.args, call, batch, num_tokens, index, bands)
-            kept = (plan, call.finest_level, len(call.idle) > idle)
-            if key is not None:
-                if len(self.plans) > 65536:  # a ratio schedule's every ratio: bounded all the same
-                    self.plans.clear()
-                self.plans[key] = kept
-            return plan
-        plan, call.finest_level, idle = kept
-        if idle:
-            call.idle.append(index)
+    def _plan(self, index: int, call: CallState, batch: int, num_tokens: int, bands: int, key: Any) -> Any:
+        """The layout's plan of block `index`, kept under `key`, everything it reads (block_merge): the same shapes
+        plan alike at every call, so the plan is made once per block and shape, not per call."""
+        idle = len(call.idle)
+        plan = self.patch.layout.plan(self.patch.args, call, batch, num_tokens, index, bands)
+        if len(self.plans) > 65536:  # a ratio schedule's every ratio: bounded all the same
+            self.plans.clear()
+        self.plans[key] = (plan, call.finest_level, len(call.idle) > idle)
         return plan
 
     def _kept_or_matched(self, index: int, key: Any, x: Any, plan: Any, call: CallState, grad: bool) -> Any:
         """Kept across calls only when steps are reused (share_across_blocks alone lives within a call), and
         never while training: there each call is a new batch of images."""
         patch = self.patch
-        shape = patch.layout.reuse_shape(call, plan, patch.xp.shape(x)[0])
+        shape = patch.layout.reuse_shape(call, plan, (call.xp or patch.xp).shape(x)[0])
         clock = patch.clock
         if clock is not None and self.steps_reused > 1 and not grad:
             # The pipeline's loop says which step this is; the clock empties its cache as a window starts, so
@@ -164,7 +172,8 @@ class Matcher:
         return merge
 
     def _match(self, index: int, x: Any, plan: Any, call: CallState) -> Any:
-        patch, args, xp = self.patch, self.patch.args, self.patch.xp
+        patch, args = self.patch, self.patch.args
+        xp = call.xp or patch.xp
         if call.watch is not None:
             self._note(call, index, computed=1)
         offsets, band = None, call.band
@@ -176,7 +185,15 @@ class Matcher:
             strides = (args.st, args.sy, args.sx)[-len(call.coords):]  # (sy, sx) on an image, (st, sy, sx) on a video
             per_sample = patch.per_sample
             if band is None:
-                partition, images = self._coordinate_partition(index, x, strides, call)
+                # The call's partition table, read inline (_coordinate_partition makes it at the call's first block)
+                table = call.partitions.get(("coordinates", args.use_rand))
+                if table is None:
+                    table = self._coordinate_partition(x, strides, call, xp)
+                rows, num_dst, n = table[0][index if args.use_rand else 0], table[1], table[2]
+                if table[3] is _ANY or table[3] != getattr(x, self.device_attr):
+                    rows = patch.host.on_device_of(rows, x)
+                partition = (rows[:n], rows[n:2 * n], num_dst)
+                images = rows[2 * n:] if call.images is not None else None
                 merges = compute_coordinate_merges(xp, x, call.coords, strides, rs, per_sample=per_sample,
                                                    partition=partition, memo=call.memo, images=images)
             else:
@@ -195,8 +212,16 @@ class Matcher:
             bands = 1 if band is None else band.count  # context parallelism is refused on grid layouts (guards)
             h = plan.h * bands
             if bands == 1:
-                merges = compute_merges(xp, x, plan.w, h, args.sx, args.sy, rs,
-                                        partition=self._grid_partition(index, x, plan, call), memo=call.memo)
+                # The call's partition table, read inline (_grid_partition makes it at the call's first block)
+                table = call.partitions.get((plan.w, plan.h, plan.use_rand))
+                if table is None:
+                    table = self._grid_partition(x, plan, call, xp)
+                rows = table[0][index if plan.use_rand else 0]  # [2N]: block k's order, then its position
+                if table[1] is _ANY or table[1] != getattr(x, self.device_attr):
+                    rows = patch.host.on_device_of(rows, x)
+                n = plan.w * plan.h
+                merges = compute_merges(xp, x, plan.w, h, args.sx, args.sy, rs, partition=(rows[:n], rows[n:]),
+                                        memo=call.memo)
             else:
                 if plan.use_rand:
                     offsets = self._offsets(index, x, num_cells(plan.w, h, args.sx, args.sy), args.sx * args.sy, call)
@@ -205,42 +230,36 @@ class Matcher:
             return _per_site(plan, merges)
         return None if merges is None else merges.get(plan.r)
 
-    def _grid_partition(self, index: int, x: Any, plan: Any, call: CallState) -> Any:
-        """Block `index`'s (order, position) on its grid: every block's, drawn and sorted in one go at the call's
-        first block on this grid (with random dst; else one partition serves them all)."""
-        args, xp = self.patch.args, self.patch.xp
-        key = (plan.w, plan.h, plan.use_rand)
-        table = call.partitions.get(key)
-        if table is None:
-            offsets = None
-            if plan.use_rand:
-                offsets = self._draws(x, num_cells(plan.w, plan.h, args.sx, args.sy), args.sx * args.sy, call)
-            table = call.partitions[key] = xp.concat(grid_partitions(xp, x, plan.w, plan.h, args.sx, args.sy, offsets), 1)
-        # [K, 2N]: row k holds block k's order, then its position (one tensor: one move to another device)
-        rows = self.patch.host.on_device_of(table[index if plan.use_rand else 0], x)
-        n = plan.w * plan.h
-        return rows[:n], rows[n:]
+    def _grid_partition(self, x: Any, plan: Any, call: CallState, xp: Any) -> Tuple[Any, Any]:
+        """The call's partitions of its grid (`_match` reads block k's): every block's (order, position), drawn
+        and sorted in one go at the call's first block on this grid (with random dst; else one partition serves
+        them all), as ([K, 2N], the device they are on: a block on another takes its row there)."""
+        args = self.patch.args
+        offsets = None
+        if plan.use_rand:
+            offsets = self._draws(x, num_cells(plan.w, plan.h, args.sx, args.sy), args.sx * args.sy, call)
+        table = xp.concat(grid_partitions(xp, x, plan.w, plan.h, args.sx, args.sy, offsets), 1)
+        table = call.partitions[(plan.w, plan.h, plan.use_rand)] = (table, self._device(table))
+        return table
 
-    def _coordinate_partition(self, index: int, x: Any, strides: Any, call: CallState) -> Tuple[Any, Any]:
-        """Block `index`'s (order, position, num_dst) on the call's coordinates, every block's made at once; and,
-        where the tokens hold several images (call.images), each token's image in that order (else None)."""
-        key = ("coordinates", self.patch.args.use_rand)
-        table = call.partitions.get(key)
-        xp = self.patch.xp
-        if table is None:
-            use_rand = self.patch.args.use_rand
-            cells = coordinate_cells(xp, call.coords, strides)
-            offsets = self._draws(x, cells.num_dst, cells.volume, call) if use_rand else None
-            order, position, num_dst = coordinate_partitions(xp, cells, offsets)
-            n = xp.shape(order)[1]
-            parts = [order, position]
-            if call.images is not None:  # each token's image in every block's order: one gather a call
-                parts.append(xp.reshape(xp.take(call.images, xp.reshape(order, [-1]), 0), xp.shape(order)))
-            table = call.partitions[key] = (xp.concat(parts, 1), num_dst, n)
-        rows = self.patch.host.on_device_of(table[0][index if self.patch.args.use_rand else 0], x)
-        n = table[2]
-        images = rows[2 * n:] if call.images is not None else None
-        return (rows[:n], rows[n:2 * n], table[1]), images
+    def _coordinate_partition(self, x: Any, strides: Any, call: CallState, xp: Any) -> Tuple[Any, int, int, Any]:
+        """The call's partitions of its coordinates (`_match` reads block k's): every block's (order, position),
+        made at once, and where the tokens hold several images (call.images) each token's image in that order, as
+        ([K, 2N or 3N], num_dst, N, the device they are on)."""
+        use_rand = self.patch.args.use_rand
+        cells = coordinate_cells(xp, call.coords, strides)
+        offsets = self._draws(x, cells.num_dst, cells.volume, call) if use_rand else None
+        order, position, num_dst = coordinate_partitions(xp, cells, offsets)
+        n = xp.shape(order)[1]
+        parts = [order, position]
+        if call.images is not None:  # each token's image in every block's order: one gather a call
+            parts.append(xp.reshape(xp.take(call.images, xp.reshape(order, [-1]), 0), xp.shape(order)))
+        table = xp.concat(parts, 1)
+        table = call.partitions[("coordinates", use_rand)] = (table, num_dst, n, self._device(table))
+        return table
+
+    def _device(self, table: Any) -> Any:
+        return _ANY if self.device_attr is None else getattr(table, self.device_attr)
 
     def _draws(self, x: Any, cells: int, places: int, call: CallState) -> Any:
         """The call's [blocks, cells] table of dst places in cells of `places` tokens (sx * sy on an image,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Tuple
 
-from . import key_weights, restore
+from . import guards, key_weights, restore
 from .guards import MASKED_SELF_ATTENTION
 from ..layouts.entries import Span, Sublayer, sublayer
 from ..layouts.signatures import InputSpec
@@ -46,7 +46,8 @@ class SiteHook:
 
 class BlockEntry(SiteHook):
     """The block's input, kept until its first hooked sub-layer computes the merge from it: a block that a
-    step cache (diffusers' First Block Cache) skips costs no matching."""
+    step cache (diffusers' First Block Cache) skips costs no matching. In downsample mode, the block's attention
+    processors are checked as they enter (again only when one was swapped)."""
 
     def __init__(self, patch: Any, index: int, spec: InputSpec) -> None:
         super().__init__(patch, index)
@@ -54,9 +55,28 @@ class BlockEntry(SiteHook):
 
     def pre(self, module: Any, args: tuple, kwargs: dict) -> None:
         spec = self.spec  # InputSpec.get inline: every block of every call
-        self.patch.enter_block(self.index, module,
-                               args[spec.index] if spec.index is not None and len(args) > spec.index
-                               else kwargs.get(spec.name))
+        x = args[spec.index] if spec.index is not None and len(args) > spec.index else kwargs.get(spec.name)
+        patch, index = self.patch, self.index
+        calls = patch.calls
+        call = calls.innermost if calls.direct else calls.top()
+        if call is None:
+            return  # replayed by checkpointing: the sub-layers use the replay record
+        if patch.downsampling:
+            checked = patch.checked_processors
+            for way in patch.kinds[index].downsample:
+                modules = getattr(module, "_modules", None) if call.eager else None  # a dict read, no Python call
+                attn = modules.get(way.attention) if modules is not None else None
+                attn = attn if attn is not None else getattr(module, way.attention, None)
+                # The processor may have been swapped after apply_patch: checked again whenever it is another one.
+                processor = getattr(attn, "processor", attn)
+                if attn is not None and (not call.eager or checked.get((index, way.attention)) is not processor):
+                    guards.check_downsample_way(attn, way, type(module).__name__, patch.host)
+                    if call.eager:
+                        checked[(index, way.attention)] = processor
+        call.merges.pop(index, None)
+        # The grad mode is taken here: LDM's checkpointing runs the block's body under no_grad inside a
+        # block entered with gradients on, and training (replay kept, nothing reused) is decided by the latter.
+        call.pending[index] = (module, x, patch.host.grad_enabled())
 
 
 class MergeSite(SiteHook):
@@ -76,16 +96,30 @@ class MergeSite(SiteHook):
         # inline (every merging site of every block asks).
         spec = self.spec
         tokens = args[spec.index] if spec.index is not None and len(args) > spec.index else kwargs.get(spec.name)
-        patch = self.patch
-        call = patch.calls.top()
-        merge = patch.call_merge(call, self.index, self.layer.flag, tokens)
+        patch, index = self.patch, self.index
+        calls = patch.calls  # calls.top and call_merge inline: every merging site of every block asks
+        call = calls.innermost if calls.direct else calls.top()
+        if call is None:
+            merge = patch.call_merge(call, index, self.layer.flag, tokens)
+        else:
+            if index in call.pending:  # the block's first hooked sub-layer: match now
+                patch.settle(call, index, tokens)
+            merge = call.merges.get(index)
+            if type(merge) is dict:
+                merge = merge.get(self.layer.flag)
         if merge is None:
             return None
-        if self.rotary is not None:
-            rows = self.rotary.get(args, kwargs)
+        rotary = self.rotary
+        if rotary is not None:  # InputSpec.get and replace inline
+            i = rotary.index
+            at = i is not None and len(args) > i
+            rows = args[i] if at else kwargs.get(rotary.name)
             if rows is not None:
-                rows = self._follow(merge, rows, module)
-                args, kwargs = self.rotary.replace(args, kwargs, rows)
+                rows = self._follow(merge, rows, module, call)
+                if at:
+                    args = args[:i] + (rows,) + args[i + 1:]
+                else:
+                    kwargs = {**kwargs, rotary.name: rows}
         mask = self.mask
         if mask is not None:  # InputSpec.get inline
             mask = args[mask.index] if mask.index is not None and len(args) > mask.index else kwargs.get(mask.name)
@@ -97,7 +131,7 @@ class MergeSite(SiteHook):
             args, kwargs = self.mask.replace(args, kwargs, mask)
         fn = merge.merge_head if self.layer.image_first else merge.merge_tail
         if call is None or call.watch is None:
-            merged = patch.host.on_local_tokens(fn, tokens)
+            merged = fn(tokens) if type(tokens) is patch.plain_tensor else patch.host.on_local_tokens(fn, tokens)
         else:
             merged = self._along_tokens(call, "merge", fn, tokens)
             self._record(call, self.layer.flag, tokens, merged)
@@ -116,21 +150,38 @@ class MergeSite(SiteHook):
             return args[:i] + (merged,) + args[i + 1:], kwargs
         return args, {**kwargs, self.spec.name: merged}
 
-    def _follow(self, merge: Any, rows: Any, module: Any = None) -> Any:
+    def _follow(self, merge: Any, rows: Any, module: Any = None, call: Any = None) -> Any:
         layer, item = self.layer, self.layer.rotary_item
         if item is None:
-            return follow_rotary(self, merge, rows, layer.rotary_axis, layer.rotates, layer.image_keys_first,
-                                 layer.rows_optional and own_processor(module))
-        image = follow_rotary(self, merge, rows[item], layer.rotary_axis, layer.rotates)
+            # own_processor inline
+            own = layer.rows_optional and type(getattr(module, "processor", None)).__module__.startswith("diffusers.")
+            return follow_rotary(self, merge, rows, layer.rotary_axis, layer.rotates, layer.image_keys_first, own, call)
+        image = follow_rotary(self, merge, rows[item], layer.rotary_axis, layer.rotates, call=call)
         return tuple(image if i == item else table for i, table in enumerate(rows))  # the text's rows stay
 
     def post(self, module: Any, args: tuple, output: Any) -> Any:
-        if self.layer.rotates:
-            check_rotated(self, module)
-        call = self.patch.calls.top()
-        if self.weighs and self.patch.call_merge(call, self.index, self.layer.flag) is not None:
-            key_weights.check_weighed(self.patch, module)
-        return unmerge_output(self, self.layer.flag, self.layer.outputs, output, self.layer.image_first, module, call)
+        patch, layer = self.patch, self.layer
+        calls = patch.calls
+        call = calls.innermost if calls.direct else calls.top()
+        if layer.rotates:  # check_rotated, its passing case inline
+            seam = patch.seam
+            if seam is not None and not seam.disarm(None if call is None else call.eager):
+                check_rotated(self, module, call, False)
+        if self.weighs and patch.call_merge(call, self.index, layer.flag) is not None:
+            key_weights.check_weighed(patch, module)
+        if call is not None and call.watch is None and not call.restoring and self.index not in call.pending:
+            # unmerge_output inline, where nothing watches or restores (every merging site of every block)
+            merge = call.merges.get(self.index)
+            if type(merge) is dict:
+                merge = merge.get(layer.flag)
+            if merge is None:
+                return None
+            if not layer.outputs:
+                fn = merge.unmerge_head if layer.image_first else merge.unmerge_tail
+                return fn(output) if type(output) is patch.plain_tensor else patch.host.on_local_tokens(fn, output)
+            return _unmerged(patch.host.on_local_tokens, merge, layer.outputs, output, layer.image_first,
+                             patch.plain_tensor)
+        return unmerge_output(self, layer.flag, layer.outputs, output, layer.image_first, module, call)
 
 
 def gather_rotary(merge: Any, rows: Any, axis: int, image_first: bool = False) -> Any:
@@ -140,10 +191,7 @@ def gather_rotary(merge: Any, rows: Any, axis: int, image_first: bool = False) -
     if isinstance(rows, dict):
         return {name: gather_rotary(merge, table, axis, image_first) for name, table in rows.items()}
     if isinstance(rows, (tuple, list)):
-        gathered = []
-        for table in rows:
-            gathered.append(merge.gather_rows(table, axis, image_first))
-        return tuple(gathered)
+        return merge.gather_tables(rows, axis, image_first)
     return merge.gather_rows(rows, axis, image_first)
 
 
@@ -153,27 +201,35 @@ def own_processor(module: Any) -> bool:
 
 
 def follow_rotary(hook: SiteHook, merge: Any, rows: Any, axis: int, rotates: str, image_first: bool = False,
-                  optional: bool = False) -> Any:
+                  optional: bool = False, call: Any = None) -> Any:
     """The rows the attention about to run takes for the merged tokens. A matching per sample gives each sample
     its own rows: a table with no batch axis ([S, D], axis 0) takes its one sample's rows for a batch of one;
     for more, the processor gets identity rows (None where it skips the rotation then: `optional`) and the
     attention dispatch, armed here, rotates each sample by its own (kinds.ROTATIONS; the site's post-hook checks
-    the dispatch took them)."""
-    gathered = gather_rotary(merge, rows, axis, image_first)
-    xp = hook.patch.xp
+    the dispatch took them). `call`: the current call, where the hook has found it (its `eager` tells the seam
+    where to arm)."""
+    # gather_rotary's (cos, sin) case inline (Flux's and Wan's rows at every block)
+    gathered = (merge.gather_tables(rows, axis, image_first) if type(rows) is tuple
+                else gather_rotary(merge, rows, axis, image_first))
+    patch = hook.patch
+    xp = patch.xp if call is None or call.xp is None else call.xp  # the call's: eager or traced
     if axis != 0 or len(xp.shape(merge.representatives)) == 1:  # rows with a batch axis (axis < 0: from the end)
         return gathered
     if merge.batch == 1:
         return tuple(table[0] for table in gathered) if isinstance(gathered, tuple) else gathered[0]
-    identity, rotate = hook.patch.host.rotation_at_dispatch(rotates, gathered, image_first, identity=not optional)
-    hook.patch.seam.arm(rotate)
+    identity, rotate = patch.host.rotation_at_dispatch(rotates, gathered, image_first, not optional)
+    patch.seam.arm(rotate, 1, None if call is None else call.eager)
     return identity
 
 
-def check_rotated(hook: SiteHook, module: Any) -> None:
-    """After an attention given identity rows: its dispatch did rotate the queries and keys."""
+def check_rotated(hook: SiteHook, module: Any, call: Any = None, passed: Optional[bool] = None) -> None:
+    """After an attention given identity rows: its dispatch did rotate the queries and keys (`call`: the current
+    call, whose `eager` tells the seam where it armed; `passed`: whether the seam's disarm found it taken, where
+    the hook disarmed already)."""
     seam = hook.patch.seam
-    if seam is not None and not seam.disarm():
+    if passed is None:
+        passed = seam is None or seam.disarm(None if call is None else call.eager)
+    if not passed:
         raise RuntimeError(
             f"ToMe gave {type(module).__name__} identity rotary rows and armed diffusers' attention dispatch to rotate "
             f"each sample by its own rows, but its processor {type(getattr(module, 'processor', None)).__name__} made "
@@ -188,32 +244,45 @@ def unmerge_output(hook: SiteHook, flag: str, positions: Tuple[int, ...], output
     current call, where the hook has found it already."""
     patch = hook.patch
     if call is False:
-        call = patch.calls.top()
-    merge = patch.call_merge(call, hook.index, flag)
+        calls = patch.calls
+        call = calls.innermost if calls.direct else calls.top()
+    if call is None or hook.index in call.pending:
+        merge = patch.call_merge(call, hook.index, flag)
+    else:  # call_merge inline
+        merge = call.merges.get(hook.index)
+        if type(merge) is dict:
+            merge = merge.get(flag)
     restoring = None if call is None or not call.restoring else patch.call_restore(call, hook.index, flag)
     if merge is None:
         if restoring is not None:  # the window's unmerged step (restore_tokens): keep the residuals
             restore.keep(hook, restoring, positions, output, head, where)
         return None
 
-    local = patch.host.on_local_tokens
+    local, plain = patch.host.on_local_tokens, patch.plain_tensor
     if call is None or call.watch is None:
-        output = _unmerged(local, merge, positions, output, head)
+        if not positions and type(output) is plain:
+            output = (merge.unmerge_head if head else merge.unmerge_tail)(output)
+        else:
+            output = _unmerged(local, merge, positions, output, head, plain)
     else:
-        output = hook._timed(call, "unmerge", _unmerged, local, merge, positions, output, head)
+        output = hook._timed(call, "unmerge", _unmerged, local, merge, positions, output, head, plain)
     return output if restoring is None else restore.add(hook, restoring, positions, output, where)
 
 
-def _unmerged(local: Any, merge: Any, positions: Tuple[int, ...], output: Any, head: bool) -> Any:
+def _unmerged(local: Any, merge: Any, positions: Tuple[int, ...], output: Any, head: bool, plain: Any = None) -> Any:
+    """`output`'s image tokens unmerged: the whole output (no `positions`), or its items at `positions`; `local`
+    (on_local_tokens) for tensors not of the `plain` type."""
     if not positions:
-        return local(merge.unmerge_head if head else merge.unmerge_tail, output)
+        fn = merge.unmerge_head if head else merge.unmerge_tail
+        return fn(output) if type(output) is plain else local(fn, output)
     one = merge.unmerge_head if head else merge.unmerge  # the image alone (or followed by tokens that pass)
     if not isinstance(output, tuple):  # a processor that returns the image tokens alone
-        return local(one, output)
+        return one(output) if type(output) is plain else local(one, output)
     items = list(output)
     for i in positions:
         if i < len(items) and items[i] is not None:
-            items[i] = local(one, items[i])
+            item = items[i]
+            items[i] = one(item) if type(item) is plain else local(one, item)
     return tuple(items)
 
 
@@ -223,6 +292,10 @@ class _SpanHook(SiteHook):
     def __init__(self, patch: Any, index: int, span: Span) -> None:
         super().__init__(patch, index)
         self.span = span
+
+
+# What _cache_changed sees on an attention holding no diffusers hooks
+_NO_CACHES = (None, ())
 
 
 class SpanStart(_SpanHook):
@@ -248,18 +321,37 @@ class SpanStart(_SpanHook):
         return True
 
     def post(self, module: Any, args: tuple, output: Any) -> Any:
-        position = self.span.start_output
+        span, patch, index = self.span, self.patch, self.index
+        position = span.start_output
         tokens = output if position is None else output[position]
-        call = self.patch.calls.top()
-        merge = self.patch.call_merge(call, self.index, self.span.flag, tokens)
+        calls = patch.calls  # calls.top and call_merge inline (every span of every block)
+        call = calls.innermost if calls.direct else calls.top()
+        if call is None:
+            merge = patch.call_merge(call, index, span.flag, tokens)
+        else:
+            if index in call.pending:  # the block's first hooked sub-layer: match now
+                patch.settle(call, index, tokens)
+            merge = call.merges.get(index)
+            if type(merge) is dict:
+                merge = merge.get(span.flag)
         if merge is None:
             return None
-        if call is not None and call.eager and self._cache_changed():
-            self.patch.seat_span_cache(self.index, self.span)  # a cache added or removed after the patch
-        merged = self._along_tokens(call, "merge", _merge_fn(merge, self.span), tokens)
-        self._record(call, self.span.flag, tokens, merged)
+        if call is not None and call.eager:
+            # _cache_changed asked only where the attention may hold diffusers hooks, or held them at the last call
+            attention = self._attention
+            if (attention is None or self._caches_seen != _NO_CACHES
+                    or "_diffusers_hook" in getattr(attention, "__dict__", ())) and self._cache_changed():
+                patch.seat_span_cache(index, span)  # a cache added or removed after the patch
+        fn = merge.merge_head if span.image_first else merge.merge_tail
+        if call is None or call.watch is None:
+            merged = fn(tokens) if type(tokens) is patch.plain_tensor else patch.host.on_local_tokens(fn, tokens)
+        else:
+            merged = self._along_tokens(call, "merge", fn, tokens)
+            self._record(call, span.flag, tokens, merged)
         if position is None:
             return merged
+        if position == 0 and len(output) == 2:  # (tokens, other): no generator
+            return merged, output[1]
         return tuple(merged if i == position else item for i, item in enumerate(output))
 
 
@@ -296,14 +388,30 @@ class SpanRotary(_SpanHook):
         self.spec = spec
 
     def pre(self, module: Any, args: tuple, kwargs: dict) -> Any:
-        merge = self.patch.site_merge(self.index, self.span.flag)
-        rows = self.spec.get(args, kwargs)
+        span, patch = self.span, self.patch
+        calls = patch.calls  # site_merge inline
+        call = calls.innermost if calls.direct else calls.top()
+        if call is None or self.index in call.pending:
+            merge = patch.call_merge(call, self.index, span.flag)
+        else:
+            merge = call.merges.get(self.index)
+            if type(merge) is dict:
+                merge = merge.get(span.flag)
+        spec = self.spec  # InputSpec.get and replace inline
+        i = spec.index
+        at = i is not None and len(args) > i
+        rows = args[i] if at else kwargs.get(spec.name)
         if merge is None or rows is None:
             return None
-        rows = follow_rotary(self, merge, rows, self.span.rotary_axis, self.span.rotates, self.span.image_first,
-                             self.span.rows_optional and own_processor(module))
-        return self.spec.replace(args, kwargs, rows)
+        own = span.rows_optional and type(getattr(module, "processor", None)).__module__.startswith("diffusers.")
+        rows = follow_rotary(self, merge, rows, span.rotary_axis, span.rotates, span.image_first, own, call)
+        if at:
+            return args[:i] + (rows,) + args[i + 1:], kwargs
+        return args, {**kwargs, spec.name: rows}
 
     def post(self, module: Any, args: tuple, output: Any) -> None:
-        if self.span.rotates:
-            check_rotated(self, module)
+        if self.span.rotates:  # check_rotated, its passing case inline
+            calls, seam = self.patch.calls, self.patch.seam
+            call = calls.innermost if calls.direct else calls.top()
+            if seam is not None and not seam.disarm(None if call is None else call.eager):
+                check_rotated(self, module, call, False)

@@ -18,7 +18,8 @@ from typing import Any, List, Optional
 from . import guards, key_weights
 from .calls import Band, BlockMerge, CallStacks, CallState, Replay
 from .install import (
-    add_hook, install_downsample, install_merge, open_seam, remove_owned_hooks, rows_per_sample, seat_span_cache,
+    add_hook, around, install_downsample, install_merge, open_seam, remove_owned_hooks, rows_per_sample,
+    seat_span_cache,
 )
 from ..families import block_kind, in_temporal_container, layout_of, root_kind
 from ..layouts.entries import BlockKind, Span
@@ -70,6 +71,12 @@ class ToMePatch:
 
     def __init__(self, root: Any, args: Any, host: Any, xp: Any):
         self.root, self.args, self.host, self.xp = root, args, host, xp
+        self.eager_xp = getattr(xp, "eager", xp)  # the backend's variant for calls no graph compiler traces
+        # Read by the hooks inline, each where the host gives it: the attribute naming a tensor's device (read by
+        # the builtin getattr: a block's input on its sub-layer's device needs no on_device_of) and the plain tensor
+        # type (tokens of that exact type need no on_local_tokens)
+        self.device_attr: Optional[str] = getattr(host, "device_attr", None)
+        self.plain_tensor: Any = getattr(host, "plain_tensor", None)
         self.clock: Any = None  # a clock.StepClock when a pipeline was patched with reuse_steps > 1 or a schedule
         self.references: Any = None  # a references.ReferenceSplit when its pipeline joins reference tokens
         self.slot = 0  # this denoiser's place among its pipeline's (the clock's keys)
@@ -78,9 +85,9 @@ class ToMePatch:
         self.kinds: List[BlockKind] = [block_kind(block) for block in self.blocks]
         self.kind_names = [type(block).__name__ for block in self.blocks]
         self.layout = layout_of(root, root_kind(root), xp)
-        # Whether the layout keeps the base image_tokens and placed (the whole input; a head and a tail alone to place)
-        self.plain_layout = all(getattr(type(self.layout), name) is getattr(Layout, name)
-                                for name in ("image_tokens", "placed"))
+        # Whether the layout keeps the base image_tokens (the whole input) and placed (a head and a tail alone to place)
+        self.base_image_tokens = type(self.layout).image_tokens is Layout.image_tokens
+        self.base_placed = type(self.layout).placed is Layout.placed
         self.latent_spec = InputSpec.find(root, LATENT, first_positional=True)
         self.timestep_spec = InputSpec.find(root, TIMESTEP, first_positional=False)
         self.matcher = Matcher(self)
@@ -138,7 +145,9 @@ class ToMePatch:
             tokens = (InputSpec(kind.tokens[0], kind.token_position) if kind.token_position is not None
                       else InputSpec.find(block, kind.tokens, first_positional=True))
             entry_hook = BlockEntry(self, index, tokens)
-            add_hook(self, block, host.add_pre_hook, entry_hook.pre)
+            # Innermost in the block's forward chain, ahead of every other link of the patch there (torch: one Python
+            # call a block, where a forward pre-hook costs torch three; else a forward pre-hook)
+            around(self, block, entry_hook.pre, None)
             if self.args.mode == "downsample":
                 install_downsample(self, index, block, kind)
             else:
@@ -191,6 +200,7 @@ class ToMePatch:
         eager = call.eager = not host.is_compiling()
         # Pushed before any error: the always-called exit hook pops it even when this hook raises.
         self.calls.push(call, eager)
+        call.xp = self.eager_xp if eager else self.xp
         if eager:
             call.memo = self.matcher.memo  # index constants kept across calls (a traced call builds its own)
             if self.observers:
@@ -230,27 +240,6 @@ class ToMePatch:
             return Band(split.count, split.index)
         return Band(self.bands) if self.bands > 1 else None
 
-    def enter_block(self, index: int, block: Any, x: Any) -> None:
-        call = self.calls.top()
-        if call is None:
-            return  # replayed by checkpointing: the sub-layers use the replay record
-        if self.downsampling:
-            checked = self.checked_processors
-            for way in self.kinds[index].downsample:
-                modules = getattr(block, "_modules", None) if call.eager else None  # a dict read, no Python call
-                attn = modules.get(way.attention) if modules is not None else None
-                attn = attn if attn is not None else getattr(block, way.attention, None)
-                # The processor may have been swapped after apply_patch: checked again whenever it is another one.
-                processor = getattr(attn, "processor", attn)
-                if attn is not None and (not call.eager or checked.get((index, way.attention)) is not processor):
-                    guards.check_downsample_way(attn, way, type(block).__name__, self.host)
-                    if call.eager:
-                        checked[(index, way.attention)] = processor
-        call.merges.pop(index, None)
-        # The grad mode is taken here: LDM's checkpointing runs the block's body under no_grad inside a
-        # block entered with gradients on, and training (replay kept, nothing reused) is decided by the latter.
-        call.pending[index] = (block, x, self.host.grad_enabled())
-
     def watch(self) -> Optional[CallWatch]:
         """The current call's observations, or None (nothing observes, or a graph is being traced)."""
         call = self.calls.top()
@@ -268,10 +257,9 @@ class ToMePatch:
             merge = self.block_merge(call, index, like)
         else:  # block_merge, inline: asked at every site of every block
             if index in call.pending:  # the block's first hooked sub-layer: match now
-                block, x, grad = call.pending.pop(index)
-                self._settle(index, call, block, x if like is None else self.host.on_device_of(x, like), grad)
+                self.settle(call, index, like)
             merge = call.merges.get(index)
-        return merge.get(flag) if isinstance(merge, dict) else merge
+        return merge.get(flag) if type(merge) is dict else merge
 
     def site_restore(self, index: int, flag: str) -> Optional[SiteRestore]:
         return self.call_restore(self.calls.top(), index, flag)
@@ -294,22 +282,26 @@ class ToMePatch:
         block (accelerate's device hooks), after the block's entry hook recorded it."""
         if call is not None:
             if index in call.pending:  # the block's first hooked sub-layer: match now
-                block, x, grad = call.pending.pop(index)
-                self._settle(index, call, block, x if like is None else self.host.on_device_of(x, like), grad)
+                self.settle(call, index, like)
             return call.merges.get(index)
         # A block running after its root's call: a checkpointed block recomputed in backward.
         return self.replay.get(index) if self.host.grad_enabled() else None
 
-    def _settle(self, index: int, call: CallState, block: Any, x: Any, grad: bool) -> None:
-        """Block `index`'s merge, from its input `x`; `grad`: gradients were on when the block was entered."""
+    def settle(self, call: CallState, index: int, like: Any) -> None:
+        """Block `index`'s merge in `call`, from its entry's input (`call.pending`), on the device of `like` (the
+        tokens its first hooked sub-layer holds; None: where the input is)."""
+        block, x, grad = call.pending.pop(index)  # grad: gradients were on when the block was entered
+        attr = self.device_attr
+        if like is not None and (attr is None or getattr(x, attr, None) != getattr(like, attr, None)):
+            x = self.host.on_device_of(x, like)
         watch = call.watch
         started = None if watch is None else watch.start()
         layout = self.layout
         # The base layout's image tokens are the whole input and its placing has nothing to place without a head or
-        # a tail: both skipped there (every block of every call asks).
-        plain = self.plain_layout and not call.tail and not call.head
-        matching = self.matcher.block_merge(index, block, x if plain else layout.image_tokens(call, x, index), call,
-                                            grad)
+        # a tail: each skipped where the layout keeps the base's (every block of every call asks).
+        matching = self.matcher.block_merge(index, block, x if self.base_image_tokens else
+                                            layout.image_tokens(call, x, index), call, grad)
+        plain = self.base_placed and not call.tail and not call.head
         merge = matching if plain else layout.placed(call, x, index, matching)
         if call.restore is not None and merge is not None:
             call.restoring[index] = (matching, merge)
