@@ -23,10 +23,12 @@ class _Coordinates(Layout):
     def image_tokens(self, call: Any, x: Any, index: int = 0) -> Any:
         if call.coords is None:
             call.coords = self._coords(call, x)
+        # The call's backend (CallState.xp: torch's eager variant reads a shape with no Python frame), else the layout's
+        xp = call.xp or self.xp
         n = call.grid_tokens
         if n is None:  # the grid's token count, read once a call
-            n = call.grid_tokens = self.xp.shape(call.coords[0])[0]
-        s = self.xp.shape(x)[1]
+            n = call.grid_tokens = xp.shape(call.coords[0])[0]
+        s = xp.shape(x)[1]
         band, tail = call.band, call.tail  # tail: reference tokens after the image's (references.py)
         if band is None or band.index is None:
             if s < n + tail:

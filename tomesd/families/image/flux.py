@@ -207,7 +207,7 @@ class CondIds(Ids):
     each block's tail is what its input holds beyond the image, passed whole."""
 
     def image_tokens(self, call: Any, x: Any, index: int = 0) -> Any:
-        # Read by the runtime right after this, for this block's merge (runtime._settle: with_tail).
+        # Read by the runtime right after this, for this block's merge (runtime.settle: with_tail).
         call.tail = max(0, self.xp.shape(x)[1] - self.xp.shape(call.grid)[0])
         return super().image_tokens(call, x)
 
