@@ -315,3 +315,27 @@ def test_downsampling_stacks_with_a_step_cache_in_either_order(kind, cache):
     assert all(torch.equal(a, b) for a, b in zip(both, again))
     assert max((a - b).abs().max().item() for a, b in zip(both, cache_only)) > 1000 * TOL
     assert all(torch.equal(a, b) for a, b in zip(after, cache_only))
+
+
+def test_an_arming_a_trace_left_behind_never_meets_an_eager_call():
+    """The dispatch seam is the process's: while a patch holds it open, every model's attention passes through it. An
+    arming made under a trace whose disarm never ran (an aborted trace) stays in the traced slot; an eager call, of
+    the patched model or of any other, must not take it."""
+    from tomesd.backends.seam import Arming
+    from tomesd.backends.torch_dispatch import SEAM
+
+    def bomb(kwargs):
+        raise AssertionError("an eager attention took a traced arming")
+
+    model, inputs, _ = flux_case(8, 8)
+    patched, other = model(), model()
+    expected = run(other, inputs)
+    tomesd.apply_patch(patched, mode="downsample")
+    try:
+        assert any(hasattr(fn, "seam") for fn in Registry._backends.values())  # the seam is open
+        SEAM._traced = Arming(bomb, 1)  # as a trace that armed and was cut short leaves it
+        assert torch.equal(run(other, inputs), expected)  # an unpatched model's attention, no arming of its own
+        run(patched, inputs)
+    finally:
+        SEAM._traced = None
+        tomesd.remove_patch(patched)

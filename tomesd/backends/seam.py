@@ -134,9 +134,13 @@ class Seam:
     def armed(self) -> Optional[Arming]:
         """This call's arming. While no thread holds an eager one, the traced slot (None in eager mode), with no
         question to the host; while one does and none is traced, this thread's (a wrapper of the host's function
-        runs where its attention's hook armed: the whole model eager, or the whole model traced)."""
+        runs where its attention's hook armed: the whole model eager, or the whole model traced). A traced arming
+        met by an eager call is one a trace left behind (its disarm never ran): the host is asked, and it is not
+        this call's. (A thread tracing while another holds an eager arming reads its thread slot here, a graph break
+        under fullgraph=True: mixing eager and compiled calls of patched models across threads is not supported.)"""
         if not self._eager_armed:
-            return self._traced
+            traced = self._traced
+            return traced if traced is None or self._compiling() else None
         if self._traced is None:
             return self._thread.armed
         return self._traced if self._compiling() else self._thread.armed

@@ -117,6 +117,8 @@ class _Wrapped:
         arming = seam._traced
         if seam._eager_armed:
             arming = seam._thread.armed if arming is None else seam.armed()
+        elif arming is not None and not seam._compiling():
+            arming = None  # a trace left it (its disarm never ran): not this eager call's (Seam.armed)
         if arming is not None and arming.left > 0:  # one attention per arming: an IP-Adapter's second stays whole
             arming.left -= 1
             rewrite = arming.rewrite  # _run inline
