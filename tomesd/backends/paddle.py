@@ -16,7 +16,7 @@ except ImportError:  # pragma: no cover - moved in some paddle release
         return False
 
 # Layer hooks with keyword arguments and always-called post-hooks arrived in paddle 3.2
-# (PaddlePaddle/Paddle#71283, #74611); the adapters need both.
+# (PaddlePaddle/Paddle#71283, #74611); the runtime needs both.
 MIN_PADDLE = "3.2"
 if "always_call" not in inspect.signature(paddle.nn.Layer.register_forward_post_hook).parameters:
     raise ImportError(
@@ -189,7 +189,7 @@ class PaddleArrays:
 
 
 class PaddleHost:
-    """What the adapters do to paddle modules beyond arrays: forward hooks, graph-compiler detection, the
+    """What the runtime does to paddle modules beyond arrays: forward hooks, graph-compiler detection, the
     grad mode, and the one host read a bare model's reuse_steps needs."""
 
     name = "paddle"

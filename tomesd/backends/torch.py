@@ -107,7 +107,7 @@ class TorchArrays:
 
 
 class TorchHost:
-    """What the adapters do to torch modules beyond arrays: forward hooks, graph-compiler detection, the
+    """What the runtime does to torch modules beyond arrays: forward hooks, graph-compiler detection, the
     grad mode, and the one host read a bare model's reuse_steps needs."""
 
     name = "torch"

@@ -13,7 +13,8 @@ from .downsample_sites import CheckWeighed, DownsampleContext, DownsampleDispatc
     DownsampleRestore
 from .key_masks import MaskSlice
 from .key_weights import WeighSpanKeys, open_key_seam, weighs
-from .sites import MergeSite, SpanEnd, SpanInterior, SpanRotary, SpanStart
+from .sites import MergeSite
+from .span_sites import SpanEnd, SpanInterior, SpanRotary, SpanStart
 from .unmerge_at import UnmergeAtFunction, open_call_seam
 
 

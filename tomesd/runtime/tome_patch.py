@@ -3,11 +3,14 @@ and the root's and blocks' entry hooks that set up each call. `install` and `rem
 
 The host library's own forwards run unchanged. Per root model (a UNet, a diffusion transformer or a
 ControlNet): a pre-hook on the root reads this call's token grid (tomesd/layouts/) and timestep, doing no tensor
-work; a pre-hook on each block of a known kind (kinds.BLOCK_KINDS) records the block's input, and the merge
+work; a pre-hook on each block of a known kind (tomesd/families/) records the block's input, and the merge
 is computed from it at the block's first hooked sub-layer (matcher.py); the sub-layers' hooks (sites.py)
 merge and unmerge. Hooks are methods of small objects that point back at the patch (on paddle wrapped in a
 plain object the backend registers), so patched models deepcopy and pickle, and a copy's patch owns the
 copy's hooks; what a call computes lives in calls.py and is never copied.
+
+A little past 300 lines: the lifecycle and the per-call entry share the patch's state, and the entry's work is written
+inline (every Python call there is paid on every call).
 """
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .sites import _SpanHook, unmerge_output
+from .sites import unmerge_output
+from .span_sites import _SpanHook
 
 
 def open_call_seam(patch: Any, path: str) -> None:
