@@ -40,18 +40,27 @@ def sampled_like(report, setting, models):
 
 
 def broken_unmerge(monkeypatch):
-    """A merge whose unmerge hands every token some other token's output (at TokenMerge._unmerged, where unmerge,
-    unmerge_tail and unmerge_head all go)."""
-    unmerge = TokenMerge._unmerged
+    """A merge whose unmerge hands every image token some other image token's output, at each of TokenMerge's
+    unmerges (the image alone, the image last, the image first: the runtime calls these, the core inlines its own
+    helpers)."""
     perms = {}
 
-    def shuffled(self, x, c):
-        out = unmerge(self, x, c)
-        n = out.shape[1]
-        perm = perms.setdefault(n, torch.randperm(n, generator=torch.Generator().manual_seed(n)))
-        return out[:, perm]
+    def broken(name, image):
+        unmerge = getattr(TokenMerge, name)
 
-    monkeypatch.setattr(TokenMerge, "_unmerged", shuffled)
+        def shuffled(self, x):
+            out = unmerge(self, x)
+            n, s = self.num_tokens, out.shape[1]
+            perm = perms.setdefault(n, torch.randperm(n, generator=torch.Generator().manual_seed(n)))
+            start = s - n if image == "last" else 0
+            order = torch.cat([torch.arange(start), start + perm, torch.arange(start + n, s)])
+            return out[:, order]
+
+        monkeypatch.setattr(TokenMerge, name, shuffled)
+
+    broken("unmerge", "first")
+    broken("unmerge_tail", "last")
+    broken("unmerge_head", "first")
 
 
 def frame_psnr(a, b):

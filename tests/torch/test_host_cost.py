@@ -43,8 +43,8 @@ YARDSTICKS = {
     ("sd1.5", "merge"): (18.4, 32.0), ("sd1.5", "downsample"): (2.2, 15.2),
     ("sdxl", "merge"): (16.2, 27.5), ("sdxl", "downsample"): (1.6, 12.1),
     ("sd3", "merge"): (14.9, 25.9), ("sd3", "downsample"): (1.2, 16.3),
-    ("flux", "merge"): (30.9, 48.2), ("flux", "downsample"): (2.5, 19.3),
-    ("wan", "merge"): (21.6, 40.2), ("wan", "downsample"): (2.4, 19.6),
+    ("flux", "merge"): (30.9, 47.2), ("flux", "downsample"): (2.5, 18.2),
+    ("wan", "merge"): (21.6, 39.2), ("wan", "downsample"): (2.4, 18.5),
 }
 
 

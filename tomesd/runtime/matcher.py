@@ -94,11 +94,15 @@ class Matcher:
         bands = band.count if band is not None and band.index is None else 1
         # _plan's kept plan, looked up inline (every block of every call asks), by everything the plan reads (the
         # settings are the patch's; a grid that plans read is a tuple of ints). A string key: paddle's SOT translator
-        # cannot simulate a dict keyed by tuples.
+        # cannot simulate a dict keyed by tuples. Eager calls only: a traced call plans as it traces, once per graph,
+        # and its values may be symbolic (a ratio schedule's ratio, a float dynamo does not specialize), which no
+        # key can be made of.
         num_tokens //= bands
-        key = (f"{index} {batch} {num_tokens} {bands} {call.ratio} {call.finest_level} "
-               f"{call.grid if patch.layout.plans_by_grid else None}")
-        kept = self.plans.get(key)
+        key = kept = None
+        if call.eager:
+            key = (f"{index} {batch} {num_tokens} {bands} {call.ratio} {call.finest_level} "
+                   f"{call.grid if patch.layout.plans_by_grid else None}")
+            kept = self.plans.get(key)
         if kept is None:
             plan = self._plan(index, call, batch, num_tokens, bands, key)
         else:
@@ -139,9 +143,11 @@ class Matcher:
 
     def _plan(self, index: int, call: CallState, batch: int, num_tokens: int, bands: int, key: Any) -> Any:
         """The layout's plan of block `index`, kept under `key`, everything it reads (block_merge): the same shapes
-        plan alike at every call, so the plan is made once per block and shape, not per call."""
+        plan alike at every call, so the plan is made once per block and shape, not per call (None: not kept)."""
         idle = len(call.idle)
         plan = self.patch.layout.plan(self.patch.args, call, batch, num_tokens, index, bands)
+        if key is None:  # a traced call: nothing kept
+            return plan
         if len(self.plans) > 65536:  # a ratio schedule's every ratio: bounded all the same
             self.plans.clear()
         self.plans[key] = (plan, call.finest_level, len(call.idle) > idle)
