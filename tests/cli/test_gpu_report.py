@@ -81,7 +81,7 @@ def test_runs_past_the_budget_are_listed_as_not_run(tmp_path):
     assert statuses[:3] == ["ok", "failed (exit 1)", "ok"]
     assert all(s.startswith("not run") for s in statuses[3:]) and len(statuses) == len(gpu_report.entries())
     table = (tmp_path / "report.md").read_text()
-    assert "on Fake GPU, torch x; 300 s of a 250 s budget" in table and "| 500.0 | 1.00x |" in table
+    assert "on Fake GPU, torch x; 300 s of a 250 s budget" in table and "| 500.0 | - | 1.00x |" in table
 
 
 def _fake_bench(now, calls, fail=(), raise_at=()):

@@ -250,18 +250,18 @@ def markdown(report: Dict[str, Any]) -> str:
 
     lines = [f"GPU report ({report['config']} configurations) on {_machine(report) or 'no run completed'}; "
              f"{report['total_s']:.0f} s of a {report['budget_s']:.0f} s budget", "",
-             "| run | configuration | ms per forward | speed-up | ToMe's own work | output change |",
-             "|---|---|---|---|---|---|"]
+             "| run | configuration | ms per forward | host ms (no sync) | speed-up | ToMe's own work | output change |",
+             "|---|---|---|---|---|---|---|"]
     for run in report["runs"]:
         if "result" not in run:
-            lines.append(f"| {run['title']} | {run['status']} | | | | |")
+            lines.append(f"| {run['title']} | {run['status']} | | | | | |")
             continue
         result = run["result"]
         fields = set(Row.__dataclass_fields__)
         for data in result["results"]:
             row = Row(**{k: v for k, v in data.items() if k in fields})
             lines.append(f"| {run['title']} | {label(row, result['reference'])} | {1000 * row.time_s:.1f} | "
-                         f"{row.speedup:.2f}x | {_own(row)} | {row.output_change:.3f} |")
+                         f"{'-' if row.host_time_s is None else f'{1000 * row.host_time_s:.1f}'} | {row.speedup:.2f}x | {_own(row)} | {row.output_change:.3f} |")
     notes = [f"- {run['title']}: {note}" for run in report["runs"] for note in run.get("result", {}).get("notes", [])]
     if notes:
         lines += ["", "Notes:", *notes]

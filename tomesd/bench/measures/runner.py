@@ -95,6 +95,9 @@ class Row:
     # from one more forward with no synchronisation around them; None elsewhere.
     tome_host_s: Optional[float] = None
     tome_host_parts: Optional[Dict[str, float]] = None
+    # On a GPU: the whole forward's host time (median of three, from the call to its return with nothing waited
+    # for): where ToMe's host work is hidden, a forward's wall time is about max(its device time, this).
+    host_time_s: Optional[float] = None
     output_change: float = 0.0  # relative to the baseline's output, at the loop's last call
     loop_change: Optional[float] = None  # with --steps N > 1: the same, averaged over the loop's calls
     tokens: Dict[str, List[int]] = field(default_factory=dict)  # level -> [before, after]
@@ -234,6 +237,13 @@ def _measure(settings: Settings, kit: Any, model: Any, loop: List[Tuple[Any, ...
                 forward()
                 kit.sync()
                 rows[cfg].peak_mem_bytes = kit.peak_bytes()
+                host = []
+                for _ in range(3):
+                    started = time.perf_counter()
+                    forward()
+                    host.append(time.perf_counter() - started)
+                    kit.sync()
+                rows[cfg].host_time_s = statistics.median(host) / len(loop)
 
     # One more forward each, eager, counting tokens (and timing ToMe's own functions, unless compiled:
     # inside a compiled graph they are not separate calls).
