@@ -174,8 +174,10 @@ class Matching:
         xp, b, num_src = self.xp, self.b, self.num_src
         merge = self.merge(r)
         kept = num_src - min(r, num_src)
-        unmerged = xp.reshape(xp.take(self.order, xp.reshape(self.edge_order[:, num_src - kept:], [b * kept]), 0),
-                              [b, kept])
+        # One gather along each sample's row of src ids (a broadcast, no copy): taking from the flat order would
+        # first copy the edge order's non-contiguous tail.
+        src_ids = xp.broadcast_to(xp.reshape(self.order[:num_src], [1, num_src]), [b, num_src])
+        unmerged = xp.take_along(src_ids, self.edge_order[:, num_src - kept:], 1)
         dst = xp.broadcast_to(xp.reshape(self.order[num_src:], [1, self.num_dst]), [b, self.num_dst])
         merge.representatives = xp.concat([unmerged, dst], 1)
         return merge

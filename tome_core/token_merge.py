@@ -145,13 +145,24 @@ class TokenMerge:
             rest = xp.arange(text, self.representatives) + (self.num_tokens if image_first else 0)
             parts = [self.representatives, rest] if image_first else [rest, self.representatives + head]
             return xp.take(table, xp.concat(parts, 0), axis)
-        if axis == 0:  # rows first ([S, D], Flux's): _gather_sample_rows' first case inline, at every block
-            rows = self._row_index.get((head, text - head))
-            if rows is None:
-                rows = self._sample_rows(head, text - head)
-            b, kept = self.batch, self.num_merged + text
-            return xp.reshape(xp.take(table, xp.reshape(rows, [b * kept]), 0), [b, kept] + list(shape[1:]))
+        if axis == 0:  # rows first ([S, D], Flux's), at every block
+            return self._gather_rows_first(table, shape, text, image_first)
         return self._gather_sample_rows(table, axis, head, text - head, shape)
+
+    def _gather_rows_first(self, table: Any, shape: Sequence[int], text: int, image_first: bool) -> Any:
+        """gather_rows' per-sample case for a table [S, D] (rows first): [B, S', D]. The image's rows are taken by
+        representative from the image's part of the table (a view), and the text's rows, the same for every
+        sample, are joined to them as a broadcast: two kernels, where an index over the whole table would be built
+        from the representatives by three more at every block."""
+        xp, b, m, n = self._xp, self.batch, self.num_merged, self.num_tokens
+        rest = list(shape[1:])
+        image = (table[:n] if image_first else table[text:]) if text else table
+        rows = xp.reshape(xp.take(image, xp.reshape(self.representatives, [b * m]), 0), [b, m] + rest)
+        if not text:
+            return rows
+        fixed = xp.broadcast_to(xp.reshape(table[n:] if image_first else table[:text], [1, text] + rest),
+                                [b, text] + rest)
+        return xp.concat([rows, fixed] if image_first else [fixed, rows], 1)
 
     def gather_tables(self, tables: Sequence[Any], axis: int = 0, image_first: bool = False) -> Tuple[Any, ...]:
         """gather_rows of each of `tables` (a rotary embedding's (cos, sin)), as a tuple."""
@@ -164,14 +175,8 @@ class TokenMerge:
             text = shape[0] - self.num_tokens
             if axis != 0 or self._rep_rank != 2 or text < 0:  # gather_rows' other cases (and its refusal)
                 gathered.append(self.gather_rows(table, axis, image_first))
-                continue
-            # gather_rows' per-sample case for rows first ([S, D], Flux's), inline: the tables share one index
-            head = 0 if image_first else text
-            rows = self._row_index.get((head, text - head))
-            if rows is None:
-                rows = self._sample_rows(head, text - head)
-            b, kept = self.batch, self.num_merged + text
-            gathered.append(xp.reshape(xp.take(table, xp.reshape(rows, [b * kept]), 0), [b, kept] + list(shape[1:])))
+            else:  # gather_rows' per-sample case for rows first ([S, D], Flux's), with no frame between
+                gathered.append(self._gather_rows_first(table, shape, text, image_first))
         return tuple(gathered)
 
     def _sample_rows(self, head: int, after: int) -> Any:

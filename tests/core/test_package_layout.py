@@ -124,7 +124,7 @@ def test_the_registry_finds_a_new_family_from_its_module_alone(tmp_path, monkeyp
         sys.modules.pop(name, None)
 
 
-def test_the_registry_refuses_a_block_kind_declared_twice_and_an_unknown_layout(monkeypatch):
+def test_the_registry_refuses_a_block_kind_declared_twice_an_unknown_layout_and_an_unplaced_sequence(monkeypatch):
     families = importlib.import_module("tomesd.families")
     entries = importlib.import_module("tomesd.layouts.entries")
 
@@ -142,4 +142,12 @@ def test_the_registry_refuses_a_block_kind_declared_twice_and_an_unknown_layout(
 
     monkeypatch.setattr(families, "FAMILY_MODULES", families.FAMILY_MODULES[:-1] + (Unknown,))
     with pytest.raises(ValueError, match="names layout 'no_such_layout'"):
+        families._gather()
+
+    class Unplaced:  # a unified sequence says where its image is: the runtime reads it at every call's blocks
+        __name__ = "unplaced"
+        ROOT_KINDS = (entries.RootKind("Unplaced", ("UnplacedModel",), "unified"),)
+
+    monkeypatch.setattr(families, "FAMILY_MODULES", families.FAMILY_MODULES[:-1] + (Unplaced,))
+    with pytest.raises(ValueError, match="layout 'unified' but no sequence"):
         families._gather()

@@ -70,6 +70,9 @@ def _gather() -> Tuple[Dict[str, BlockKind], Tuple[RootKind, ...], Dict[str, Cal
     for kind in roots + fallbacks:
         if not (kind.refused or kind.layout in layouts or kind.layout in BUILT_IN or kind.layout in BY_PATCH):
             raise ValueError(f"root kind {kind.family} names layout {kind.layout!r}, which no module declares")
+        if kind.layout == "unified" and not kind.refused and kind.sequence is None:  # read at every call's blocks
+            raise ValueError(f"root kind {kind.family} has layout 'unified' but no sequence (where each container's "
+                             f"blocks see the image: layouts.entries.UnifiedSequence)")
     return blocks, tuple(roots), layouts, tuple(temporal), fallbacks[0]
 
 

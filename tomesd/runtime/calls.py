@@ -22,7 +22,7 @@ class CallState:
     __slots__ = ("grid", "coords", "ids", "tail", "head", "timestep", "key", "draws", "finest_level", "merges",
                  "pending", "shared", "step", "ratio", "watch", "band", "restore", "restoring", "unified", "partitions",
                  "memo", "idle", "outer", "grid_tokens",
-                 "images", "eager", "xp")
+                 "images", "eager", "xp", "rotary")
 
     def __init__(self) -> None:
         # The layout's reading of this call's token grid, from shapes only (tomesd/layouts/): the latent's
@@ -57,6 +57,9 @@ class CallState:
         # Python frame) unless a graph compiler traces it; None: the patch's own
         self.xp: Any = None
         self.outer: Optional["CallState"] = None  # the call this one runs inside (CallStacks.innermost after it)
+        # A rotary (cos, sin) pair the call's blocks take, joined along its last axis for one gather a block
+        # (runtime/sites.py: gather_pair): (cos, sin, joined), eager calls only
+        self.rotary: Optional[Tuple[Any, Any, Any]] = None
         self.finest_level: Optional[int] = None  # UNets: level of the call's first attention block
         self.merges: Dict[int, BlockMerge] = {}
         self.pending: Dict[int, Tuple[Any, Any, bool]] = {}  # block -> (block, its input, grad mode), until used

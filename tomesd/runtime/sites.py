@@ -196,6 +196,21 @@ def gather_rotary(merge: Any, rows: Any, axis: int, image_first: bool = False) -
     return merge.gather_rows(rows, axis, image_first)
 
 
+def gather_pair(xp: Any, merge: Any, rows: Tuple[Any, Any], axis: int, image_first: bool, call: Any) -> Tuple[Any, ...]:
+    """A rotary (cos, sin) pair's rows for the merged tokens with one gather: the call joins the pair along its last
+    axis once (eager calls: the join is kept on the call), each block gathers the joined rows and splits them
+    (views; the values are the same as two gathers'). A pair whose tables differ in shape or dtype gathers each."""
+    held = call.rotary
+    if held is None or held[0] is not rows[0] or held[1] is not rows[1]:
+        cos, sin = rows
+        if cos.shape != sin.shape or cos.dtype != sin.dtype:
+            return merge.gather_tables(rows, axis, image_first)
+        held = call.rotary = (cos, sin, xp.concat([cos, sin], -1))
+    gathered = merge.gather_rows(held[2], axis, image_first)
+    width = held[0].shape[-1]
+    return gathered[..., :width], gathered[..., width:]
+
+
 def own_processor(module: Any) -> bool:
     """Whether `module`'s attention processor is its library's own (diffusers'), not one set by a user."""
     return type(getattr(module, "processor", None)).__module__.startswith("diffusers.")
@@ -209,11 +224,15 @@ def follow_rotary(hook: SiteHook, merge: Any, rows: Any, axis: int, rotates: str
     attention dispatch, armed here, rotates each sample by its own (kinds.ROTATIONS; the site's post-hook checks
     the dispatch took them). `call`: the current call, where the hook has found it (its `eager` tells the seam
     where to arm)."""
-    # gather_rotary's (cos, sin) case inline (Flux's and Wan's rows at every block)
-    gathered = (merge.gather_tables(rows, axis, image_first) if type(rows) is tuple
-                else gather_rotary(merge, rows, axis, image_first))
     patch = hook.patch
     xp = patch.xp if call is None or call.xp is None else call.xp  # the call's: eager or traced
+    # gather_rotary's (cos, sin) case inline (Flux's and Wan's rows at every block)
+    if type(rows) is not tuple:
+        gathered = gather_rotary(merge, rows, axis, image_first)
+    elif call is not None and call.eager and len(rows) == 2:
+        gathered = gather_pair(xp, merge, rows, axis, image_first, call)
+    else:
+        gathered = merge.gather_tables(rows, axis, image_first)
     if axis != 0 or len(xp.shape(merge.representatives)) == 1:  # rows with a batch axis (axis < 0: from the end)
         return gathered
     if merge.batch == 1:
