@@ -132,9 +132,19 @@ class Matching:
         if images is not None:  # own_image inline: a src token matches its own image's dst only
             num_src = self.num_src
             same = xp.equal(xp.reshape(images[:num_src], [num_src, 1]), xp.reshape(images[num_src:], [1, num_dst]))
-            scores = xp.where(same, scores, float("-inf"))
+            # -inf as a one-element array kept in the memo (a Python float is made into an array at every block)
+            key = f"-inf {xp.name} {getattr(scores, 'device', None) or getattr(scores, 'place', None)} {scores.dtype}"
+            minus_inf = None if memo is None else memo.get(key)
+            scores = xp.where(same, scores, self._minus_infinity(scores, key) if minus_inf is None else minus_inf)
         node_max, self.node_idx = xp.max_with_indices(scores, -1)  # best dst for each src
         self.edge_order = xp.argsort(node_max, -1, True)  # src positions, most similar first
+
+    def _minus_infinity(self, scores: Any, key: str) -> Any:
+        """A one-element array of -inf like `scores`, kept in the memo under `key`."""
+        value = self.xp.zeros([1], scores) + float("-inf")
+        if self.memo is not None:
+            self.memo[key] = value
+        return value
 
     def _rows(self, r: int, key: Any) -> Tuple[Any, Any, Any]:
         """For merging r: each sample's first merged row plus the unmerged count [B, 1], the unmerged src tokens'
