@@ -1,6 +1,8 @@
 """A computed merge: one index map. Token t of the input goes to row `rows[b, t]` of the merged sequence;
-merging is a scatter-add over that map times the inverse row counts (a mean), unmerging is one gather.
+merging is a mean over each row's tokens along that map (the backend's segment_mean), unmerging is one gather.
 matching.py computes it; the runtime applies it to every sub-layer's tokens, rotary rows and outputs.
+Past 300 lines as one class: the map's every use (whole, head- or tail-joined sequences, per-token tables such as
+rotary rows, per-sample or shared) reads the same rows, and the hot ones run inline with no helper frame.
 """
 from __future__ import annotations
 
