@@ -6,10 +6,12 @@ reproduces. Tensors reach their framework through the backend registered for it 
 from .backend import Backend, backend_for_name, get_backend, register_backend, registered_backends
 from . import rng
 from .token_merge import MERGE_MODES, TokenMerge
+from .partitions import (
+    coordinate_cells, coordinate_partition, coordinate_partitions, grid_partition, grid_partitions, num_cells,
+)
 from .matching import (
     Matching, bipartite_soft_matching_random2d, compute_coordinate_merges, compute_merge,
-    compute_merges, compute_shared_merge, compute_shared_merges, coordinate_cells, coordinate_partition,
-    coordinate_partitions, do_nothing, grid_partition, grid_partitions, num_cells,
+    compute_merges, compute_shared_merge, compute_shared_merges, do_nothing,
 )
 from .images import image_cells, own_image
 from .bands import band_coordinate_merges, band_range, banded_coordinate_merges, banded_grid_merges, join_bands

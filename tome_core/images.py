@@ -30,7 +30,7 @@ def _from_zero(xp: Backend, axis: Any) -> Any:
 
 
 def image_cells(xp: Backend, images: Any, rows: Any, cols: Any, sy: int, sx: int) -> Tuple[Any, Any]:
-    """Coordinates on which coordinate_partition (matching.py) with strides (sy, sx) makes each image's complete
+    """Coordinates on which coordinate_partition (partitions.py) with strides (sy, sx) makes each image's complete
     sy-by-sx blocks its cells, and no other: ([N] rows, [N] cols), int64.
 
     `images`, `rows`, `cols`: each token's image (any int, equal for one image's tokens), row and column ([N]
