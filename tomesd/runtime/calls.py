@@ -58,8 +58,8 @@ class CallState:
         self.xp: Any = None
         self.outer: Optional["CallState"] = None  # the call this one runs inside (CallStacks.innermost after it)
         # A rotary (cos, sin) pair the call's blocks take, joined along its last axis for one gather a block
-        # (runtime/sites.py: gather_pair): (cos, sin, joined), eager calls only
-        self.rotary: Optional[Tuple[Any, Any, Any]] = None
+        # (runtime/sites.py: gather_pair): (cos, sin, joined, the tables' versions), eager calls only
+        self.rotary: Optional[Tuple[Any, Any, Any, Any]] = None
         self.finest_level: Optional[int] = None  # UNets: level of the call's first attention block
         self.merges: Dict[int, BlockMerge] = {}
         self.pending: Dict[int, Tuple[Any, Any, bool]] = {}  # block -> (block, its input, grad mode), until used

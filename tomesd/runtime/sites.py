@@ -198,16 +198,20 @@ def gather_rotary(merge: Any, rows: Any, axis: int, image_first: bool = False) -
 
 def gather_pair(xp: Any, merge: Any, rows: Tuple[Any, Any], axis: int, image_first: bool, call: Any) -> Tuple[Any, ...]:
     """A rotary (cos, sin) pair's rows for the merged tokens with one gather: the call joins the pair along its last
-    axis once (eager calls: the join is kept on the call), each block gathers the joined rows and splits them
-    (views; the values are the same as two gathers'). A pair whose tables differ in shape or dtype gathers each."""
+    axis once (eager calls: the join is kept on the call, with each table's version, so a table changed in place
+    is joined again), each block gathers the joined rows and splits them (views; the values are the same as two
+    gathers'). A pair whose tables differ in shape or dtype, or whose rows lie along the last axis, gathers each."""
+    cos, sin = rows
     held = call.rotary
-    if held is None or held[0] is not rows[0] or held[1] is not rows[1]:
-        cos, sin = rows
-        if cos.shape != sin.shape or cos.dtype != sin.dtype:
+    if held is None or held[0] is not cos or held[1] is not sin \
+            or held[3] != (getattr(cos, "_version", None), getattr(sin, "_version", None)):
+        rank = len(cos.shape)
+        if cos.shape != sin.shape or cos.dtype != sin.dtype or axis % rank == rank - 1:
             return merge.gather_tables(rows, axis, image_first)
-        held = call.rotary = (cos, sin, xp.concat([cos, sin], -1))
+        held = call.rotary = (cos, sin, xp.concat([cos, sin], -1),
+                              (getattr(cos, "_version", None), getattr(sin, "_version", None)))
     gathered = merge.gather_rows(held[2], axis, image_first)
-    width = held[0].shape[-1]
+    width = cos.shape[-1]
     return gathered[..., :width], gathered[..., width:]
 
 
