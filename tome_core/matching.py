@@ -131,7 +131,7 @@ class Matching:
         merged = xp.take_along(self.node_idx, self.edge_order[:, :r], 1) + first
         src_rows = xp.put_along(xp.concat([merged, unmerged], 1), self.edge_order, 1)
         flat_rows = xp.reshape(xp.take(xp.concat([src_rows, dst], 1), self.position, 1), [b * n])
-        return TokenMerge(xp, flat_rows, None, b, n, n - r, rows=flat_rows if b == 1 else None)
+        return TokenMerge(xp, flat_rows, None, b, n, n - r, rows=flat_rows if b == 1 else None, memo=self.memo)
 
     def represented_merge(self, r: int) -> TokenMerge:
         """The merge of r tokens with each sample's representatives ([B, M]): the token each merged row

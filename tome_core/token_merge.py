@@ -22,8 +22,12 @@ class TokenMerge:
     """
 
     def __init__(self, xp: Backend, flat_rows: Any, inv_counts: Any, batch: int, n: int, m: int,
-                 rows: Any = None, representatives: Any = None):
+                 rows: Any = None, representatives: Any = None, memo: Any = None):
         self._xp = xp
+        # The matcher's dict of index constants by shape (Matching's memo), where the merge came from a matching:
+        # a sequence with text in front then merges and unmerges over one map of its whole length (_whole_rows)
+        self._memo = memo
+        self._whole: dict = {}  # text length -> that map [B * (T + N)], built once per merge
         self._flat_rows = flat_rows  # [B*N] row of the flattened merged tensor for each token
         # [B, M, 1] float32, 1 / tokens in each merged row; None: counted from the rows when first asked for (a mean
         # merge needs no counts: proportional attention and token restoring ask)
@@ -80,6 +84,11 @@ class TokenMerge:
             return xp.reshape(xp.segment_mean(xp.reshape(x, [b * s, c]), self._flat_rows, b * m), [b, m, c])
         if b != self.batch or s < self.num_tokens:
             raise self._wrong(x, self.num_tokens, "merge")
+        if self._memo is not None:  # text rows each their own row of one map: no copy of the image part, no concat
+            t, m = s - self.num_tokens, self.num_merged
+            rows = self._whole.get(t)
+            rows = self._whole_rows(t) if rows is None else rows
+            return xp.reshape(xp.segment_mean(xp.reshape(x, [b * s, c]), rows, b * (t + m)), [b, t + m, c])
         return self._xp.concat([x[:, : s - self.num_tokens], self._merged(x[:, s - self.num_tokens:], c)], 1)
 
     def unmerge_tail(self, x: Any) -> Any:
@@ -89,7 +98,30 @@ class TokenMerge:
             return xp.reshape(xp.take(xp.reshape(x, [b * s, c]), self._flat_rows, 0), [b, self.num_tokens, c])
         if b != self.batch or s < self.num_merged:
             raise self._wrong(x, self.num_merged, "unmerge")
+        if self._memo is not None:  # merge_tail's map of the whole sequence: one gather gives text and image back
+            t = s - self.num_merged
+            rows = self._whole.get(t)
+            rows = self._whole_rows(t) if rows is None else rows
+            return xp.reshape(xp.take(xp.reshape(x, [b * s, c]), rows, 0), [b, t + self.num_tokens, c])
         return self._xp.concat([x[:, : s - self.num_merged], self._unmerged(x[:, s - self.num_merged:], c)], 1)
+
+    def _whole_rows(self, text: int) -> Any:
+        """[B * (T + N)]: the row of each token of [text, image] sequences in their merged [text, merged image]
+        form (T + M rows a sample): text token i of sample k keeps row k(T + M) + i, an image token goes to its
+        merged row moved past its sample's text and the text before it. The constants come from the memo, so a
+        merge builds it with an add and a concat, once for its merge and its unmerge."""
+        xp, b, n, m = self._xp, self.batch, self.num_tokens, self.num_merged
+        like = self._flat_rows
+        key = f"whole {xp.name} {getattr(like, 'device', None) or getattr(like, 'place', None)} {b} {m} {text}"
+        fixed = self._memo.get(key)
+        if fixed is None:
+            starts = xp.reshape(xp.arange(b * (text + m), like, step=text + m), [b, 1])
+            fixed = (starts + xp.reshape(xp.arange(text, like), [1, text]),  # the text's rows
+                     xp.reshape(xp.arange(b * text, like, step=text), [b, 1]) + text)  # each sample's shift
+            self._memo[key] = fixed
+        rows = xp.reshape(xp.concat([fixed[0], xp.reshape(self._flat_rows, [b, n]) + fixed[1]], 1), [b * (text + n)])
+        self._whole[text] = rows
+        return rows
 
     # A sequence [B, S, C] whose first N tokens are the image (text after it, as in HunyuanVideo's single blocks):
     # the image segment merges and unmerges, the tokens after it pass as they are.
