@@ -81,10 +81,11 @@ def image_cells(xp: Backend, images: Any, rows: Any, cols: Any, sy: int, sx: int
     return row, col
 
 
-def own_image(xp: Backend, scores: Any, ordered: Any, num_src: int) -> Any:
+def own_image(xp: Backend, scores: Any, ordered: Any, num_src: int, minus_inf: Any = None) -> Any:
     """`scores` [B, S, D] of a partition's src against its dst, with every pair of tokens of different images
     (`ordered` [N]: each token's image in the partition's order, src then dst) set to -inf: a src token's best dst
-    is one of its own image's, when it has any."""
+    is one of its own image's, when it has any. `minus_inf`: -inf as a one-element array like `scores`, which a
+    caller keeps across blocks (None: a Python float, made into an array at each call)."""
     num_dst = xp.shape(ordered)[0] - num_src
     same = xp.equal(xp.reshape(ordered[:num_src], [num_src, 1]), xp.reshape(ordered[num_src:], [1, num_dst]))
-    return xp.where(same, scores, float("-inf"))
+    return xp.where(same, scores, float("-inf") if minus_inf is None else minus_inf)

@@ -9,6 +9,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from . import rng
 from .backend import Backend, get_backend
+from .images import own_image
 from .partitions import coordinate_partition, grid_partition, num_cells
 from .token_merge import TokenMerge
 
@@ -85,13 +86,12 @@ class Matching:
         self.order, self.position, self.like, self.memo = order, position, metric, memo
         unit = xp.take(xp.l2_normalize(metric, -1), order, 1)  # src tokens, then dst tokens
         scores = xp.matmul_transposed(unit[:, :self.num_src], unit[:, self.num_src:])
-        if images is not None:  # own_image inline: a src token matches its own image's dst only
-            num_src = self.num_src
-            same = xp.equal(xp.reshape(images[:num_src], [num_src, 1]), xp.reshape(images[num_src:], [1, num_dst]))
+        if images is not None:  # a src token matches its own image's dst only
             # -inf as a one-element array kept in the memo (a Python float is made into an array at every block)
             key = f"-inf {xp.name} {getattr(scores, 'device', None) or getattr(scores, 'place', None)} {scores.dtype}"
             minus_inf = None if memo is None else memo.get(key)
-            scores = xp.where(same, scores, self._minus_infinity(scores, key) if minus_inf is None else minus_inf)
+            scores = own_image(xp, scores, images, self.num_src,
+                               self._minus_infinity(scores, key) if minus_inf is None else minus_inf)
         node_max, self.node_idx = xp.max_with_indices(scores, -1)  # best dst for each src
         self.edge_order = xp.argsort(node_max, -1, True)  # src positions, most similar first
 
