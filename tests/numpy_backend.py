@@ -70,6 +70,9 @@ class NumpyBackend:
     def concat(self, xs: Sequence[np.ndarray], axis: int) -> np.ndarray:
         return np.concatenate(list(xs), axis=axis)
 
+    def unstack(self, x: np.ndarray) -> Sequence[np.ndarray]:
+        return list(x)
+
     def take(self, x: np.ndarray, indices: np.ndarray, axis: int) -> np.ndarray:
         return np.take(x, _index(indices), axis=axis)
 

@@ -38,6 +38,9 @@ class Backend(Protocol):
     def zeros(self, shape: Sequence[int], like: Array, integer: bool = False) -> Array: ...
     def reshape(self, x: Array, shape: Sequence[int]) -> Array: ...
     def concat(self, xs: Sequence[Array], axis: int) -> Array: ...
+    def unstack(self, x: Array) -> Sequence[Array]:
+        """x's slices along axis 0, in order (views where the framework has them): a table made once per call
+        handed to its blocks a row each, with no indexing at every block."""
     def take(self, x: Array, indices: Array, axis: int) -> Array: ...
     def take_along(self, x: Array, indices: Array, axis: int) -> Array:
         """x's values at `indices` (x's rank; any length along `axis`) along `axis` (the array API's take_along_axis)."""
@@ -58,7 +61,7 @@ class Backend(Protocol):
         """The maxima along `axis` and their int64 indices: the first of equal maxima, so an exact score tie
         goes to the first dst on every backend."""
     def matmul_transposed(self, a: Array, b: Array) -> Array:
-        """a @ b^T over the last two axes."""
+        """a [B, M, C] @ b [B, K, C]^T: [B, M, K] (batches of matrices, as the matching's scores are)."""
     def l2_normalize(self, x: Array, axis: int) -> Array: ...
     def counts(self, x: Array, length: int) -> Array:
         """float32 occurrences of each value in [0, length) in the 1-D int64 `x`, as a fixed-shape

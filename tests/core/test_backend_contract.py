@@ -17,7 +17,7 @@ F64 = np.float64
 # The Backend methods each test below exercises (a method added to the protocol fails the coverage test
 # until a contract test covers it).
 COVERED = {
-    "no_grad", "shape", "arange", "zeros", "reshape", "concat", "take", "scatter_add", "scatter_reduce",
+    "no_grad", "shape", "arange", "zeros", "reshape", "concat", "unstack", "take", "scatter_add", "scatter_reduce",
     "argsort", "max_with_indices", "matmul_transposed", "l2_normalize", "counts", "equal", "broadcast_to",
     "where", "bitwise_xor", "floor", "to_int64", "astype_like", "to_float32", "randint_from",
     "take_along", "put_along", "segment_mean", "grad_enabled",
@@ -58,6 +58,8 @@ def test_creation_shape_and_layout(fw):
     rows = np.array([2, 0, 2], dtype=np.int64)
     assert as_np(fw, xp.take(fw.tensor(a), fw.tensor(rows), 1)).tolist() == [[a[i][r].tolist() for r in rows] for i in range(2)]
     assert as_np(fw, xp.take(fw.tensor(a), fw.tensor(np.array([1], dtype=np.int64)), 0)).tolist() == [a[1].tolist()]
+    rows = xp.unstack(fw.tensor(a))
+    assert len(rows) == 2 and [as_np(fw, row).tolist() for row in rows] == a.tolist()
     wide = xp.broadcast_to(fw.tensor(np.array([[1.0], [2.0]])), [3, 2, 4])
     assert as_np(fw, wide).tolist() == [[[1.0] * 4, [2.0] * 4]] * 3
     with xp.no_grad():  # a context manager on every backend

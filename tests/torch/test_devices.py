@@ -4,6 +4,7 @@ kept in place; split over two devices (accelerate's device hooks, a `meta` devic
 each block merges on the device its tokens are on."""
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import tiny_torch as T
 import tomesd
@@ -83,6 +84,23 @@ def split(model, device, first):
     return model
 
 
+class MixedDevices(TorchDispatchMode):
+    """The ops that read tensors (not 0-d ones) on more than one device."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        flat = list(args) + list(kwargs.values())
+        flat += [t for a in flat if isinstance(a, (list, tuple)) for t in a]
+        devices = {t.device.type for t in flat if isinstance(t, torch.Tensor) and t.dim() > 0}
+        if len(devices) > 1:
+            self.ops.add(str(func))
+        return func(*args, **kwargs)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_model_split_over_devices_merges_each_block_on_its_tokens_device(kind, unpatch):
     """The second device is `meta` (no values, so no second real device is needed): before the fix the
@@ -97,10 +115,13 @@ def test_a_model_split_over_devices_merges_each_block_on_its_tokens_device(kind,
     model = split(build(kind), "meta", first=1)
     tomesd.apply_patch(model, ratio=0.5)
     unpatch(model)
-    with tomesd.observe(model) as seen:
+    with tomesd.observe(model) as seen, MixedDevices() as mixed:
         out = run(kind, model)
     assert out.device.type == "meta"
     assert seen.calls[0].computed == len(blocks(model))  # every block merged, those on meta too
+    # meta kernels take a CPU index where a CUDA kernel would refuse one: each block's partition and index maps
+    # must be on its own device all the same
+    assert not mixed.ops, f"ops reading tensors of two devices: {sorted(mixed.ops)}"
 
     model = split(build(kind), "cpu", first=1)
     tomesd.apply_patch(model, ratio=0.5)

@@ -108,6 +108,9 @@ class PaddleArrays:
     def concat(self, xs: Sequence[paddle.Tensor], axis: int) -> paddle.Tensor:
         return paddle.concat(list(xs), axis=axis)
 
+    def unstack(self, x: paddle.Tensor) -> Sequence[paddle.Tensor]:
+        return paddle.unbind(x, axis=0)
+
     def take(self, x: paddle.Tensor, indices: paddle.Tensor, axis: int) -> paddle.Tensor:
         return paddle.index_select(x, indices, axis=axis)
 

@@ -8,6 +8,7 @@ host (eager only, refused under a compiler); a pipeline's clock counts steps ins
 from __future__ import annotations
 
 import math
+from itertools import repeat
 from typing import Any, Dict, Optional, Tuple
 
 from tome_core import band_coordinate_merges, band_range, banded_coordinate_merges, banded_grid_merges, \
@@ -19,8 +20,8 @@ from .guards import CHUNKED_FF
 from .restore import CallRestore
 from .reuse import TimestepSteps
 
-# A partition table's device where the host cannot say it (no device_attr): every block then moves its row there, as
-# on_device_of does (a no-op on the block's own device).
+# A partition table's device where the host cannot say it (no device_attr): every block then moves its partition
+# there, as on_device_of does (a no-op on the block's own device).
 _ANY = object()
 
 
@@ -195,11 +196,11 @@ class Matcher:
                 table = call.partitions.get(("coordinates", args.use_rand))
                 if table is None:
                     table = self._coordinate_partition(x, strides, call, xp)
-                rows, num_dst, n = table[0][index if args.use_rand else 0], table[1], table[2]
-                if table[3] is _ANY or table[3] != getattr(x, self.device_attr):
-                    rows = patch.host.on_device_of(rows, x)
-                partition = (rows[:n], rows[n:2 * n], num_dst)
-                images = rows[2 * n:] if call.images is not None else None
+                order, position, images = table[0][index if args.use_rand else 0]
+                if table[2] is _ANY or table[2] != getattr(x, self.device_attr):  # a block on another device
+                    order, position = patch.host.on_device_of(order, x), patch.host.on_device_of(position, x)
+                    images = None if images is None else patch.host.on_device_of(images, x)
+                partition = (order, position, table[1])
                 merges = compute_coordinate_merges(xp, x, call.coords, strides, rs, per_sample=per_sample,
                                                    partition=partition, memo=call.memo, images=images)
             else:
@@ -222,12 +223,10 @@ class Matcher:
                 table = call.partitions.get((plan.w, plan.h, plan.use_rand))
                 if table is None:
                     table = self._grid_partition(x, plan, call, xp)
-                rows = table[0][index if plan.use_rand else 0]  # [2N]: block k's order, then its position
-                if table[1] is _ANY or table[1] != getattr(x, self.device_attr):
-                    rows = patch.host.on_device_of(rows, x)
-                n = plan.w * plan.h
-                merges = compute_merges(xp, x, plan.w, h, args.sx, args.sy, rs, partition=(rows[:n], rows[n:]),
-                                        memo=call.memo)
+                partition = table[0][index if plan.use_rand else 0]  # block k's (order, position)
+                if table[1] is _ANY or table[1] != getattr(x, self.device_attr):  # a block on another device
+                    partition = (patch.host.on_device_of(partition[0], x), patch.host.on_device_of(partition[1], x))
+                merges = compute_merges(xp, x, plan.w, h, args.sx, args.sy, rs, partition=partition, memo=call.memo)
             else:
                 if plan.use_rand:
                     offsets = self._offsets(index, x, num_cells(plan.w, h, args.sx, args.sy), args.sx * args.sy, call)
@@ -236,32 +235,36 @@ class Matcher:
             return _per_site(plan, merges)
         return None if merges is None else merges.get(plan.r)
 
-    def _grid_partition(self, x: Any, plan: Any, call: CallState, xp: Any) -> Tuple[Any, Any]:
+    def _grid_partition(self, x: Any, plan: Any, call: CallState, xp: Any) -> Tuple[Any, Any, Any]:
         """The call's partitions of its grid (`_match` reads block k's): every block's (order, position), drawn
         and sorted in one go at the call's first block on this grid (with random dst; else one partition serves
-        them all), as ([K, 2N], the device they are on: a block on another takes its row there)."""
+        them all), as ([(order, position) of block k for k < K], the device they are on: a block on another takes
+        its pair there)."""
         args = self.patch.args
         offsets = None
         if plan.use_rand:
             offsets = self._draws(x, num_cells(plan.w, plan.h, args.sx, args.sy), args.sx * args.sy, call)
-        table = xp.concat(grid_partitions(xp, x, plan.w, plan.h, args.sx, args.sy, offsets), 1)
-        table = call.partitions[(plan.w, plan.h, plan.use_rand)] = (table, self._device(table))
+        parts = grid_partitions(xp, x, plan.w, plan.h, args.sx, args.sy, offsets)
+        # Row k of each as block k's (order, position): the blocks read theirs by position, with no select or slice
+        # at every block (unstack and zip run no Python frame per row)
+        table = (list(zip(*map(xp.unstack, parts))), self._device(parts[0]))
+        call.partitions[(plan.w, plan.h, plan.use_rand)] = table
         return table
 
-    def _coordinate_partition(self, x: Any, strides: Any, call: CallState, xp: Any) -> Tuple[Any, int, int, Any]:
+    def _coordinate_partition(self, x: Any, strides: Any, call: CallState, xp: Any) -> Tuple[Any, int, Any]:
         """The call's partitions of its coordinates (`_match` reads block k's): every block's (order, position),
         made at once, and where the tokens hold several images (call.images) each token's image in that order, as
-        ([K, 2N or 3N], num_dst, N, the device they are on)."""
+        ([(order, position, images or None) of block k for k < K], num_dst, the device they are on)."""
         use_rand = self.patch.args.use_rand
         cells = coordinate_cells(xp, call.coords, strides)
         offsets = self._draws(x, cells.num_dst, cells.volume, call) if use_rand else None
         order, position, num_dst = coordinate_partitions(xp, cells, offsets)
-        n = xp.shape(order)[1]
         parts = [order, position]
         if call.images is not None:  # each token's image in every block's order: one gather a call
             parts.append(xp.reshape(xp.take(call.images, xp.reshape(order, [-1]), 0), xp.shape(order)))
-        table = xp.concat(parts, 1)
-        table = call.partitions[("coordinates", use_rand)] = (table, num_dst, n, self._device(table))
+        # Row k of each as block k's (order, position, images or None), as _grid_partition keeps them
+        per_block = list(zip(*map(xp.unstack, parts), *([] if len(parts) == 3 else [repeat(None)])))
+        table = call.partitions[("coordinates", use_rand)] = (per_block, num_dst, self._device(order))
         return table
 
     def _device(self, table: Any) -> Any:
