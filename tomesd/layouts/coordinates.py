@@ -164,8 +164,14 @@ class SpaceTime(_Coordinates):
 
     def _coords(self, call: Any, x: Any) -> Tuple[Any, ...]:
         f, h, w = call.grid  # each token's (frame, row, col), on the device
-        token = self.xp.arange(f * h * w, x)
-        return token // (h * w), (token // w) % h, token % w
+        # Made once per grid and device, kept in the patch's constants between eager calls (a traced call's memo is
+        # its own): one object for a run's calls, so the cells made from them are kept too (Matcher)
+        key = f"spacetime coordinates {f} {h} {w} {getattr(x, 'device', None) or getattr(x, 'place', None)}"
+        coords = call.memo.get(key)
+        if coords is None:
+            token = self.xp.arange(f * h * w, x)
+            coords = call.memo[key] = (token // (h * w), (token // w) % h, token % w)
+        return coords
 
     def reuse_shape(self, call: Any, plan: Any, batch: int) -> tuple:
         return batch, plan.h, plan.w, call.grid  # two grids of one token count are told apart

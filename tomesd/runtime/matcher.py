@@ -256,7 +256,14 @@ class Matcher:
         made at once, and where the tokens hold several images (call.images) each token's image in that order, as
         ([(order, position, images or None) of block k for k < K], num_dst, the device they are on)."""
         use_rand = self.patch.args.use_rand
-        cells = coordinate_cells(xp, call.coords, strides)
+        # The cells depend on the coordinates alone, which a run keeps (a pipeline passes one ids tensor; a video's
+        # come from its shape): made once for them, kept among the eager calls' constants, not at every call
+        kept = call.memo.get("coordinate cells")
+        if kept is not None and kept[0] is call.coords and kept[1] == strides:
+            cells = kept[2]
+        else:
+            cells = coordinate_cells(xp, call.coords, strides)
+            call.memo["coordinate cells"] = (call.coords, strides, cells)
         offsets = self._draws(x, cells.num_dst, cells.volume, call) if use_rand else None
         order, position, num_dst = coordinate_partitions(xp, cells, offsets)
         parts = [order, position]
