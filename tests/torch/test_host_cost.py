@@ -21,30 +21,30 @@ from tomesd.bench.measures.host_cost import NARROW, build_narrow, host_work, nar
 # the call's own work (the random draw, the partitions of every block, the grid's coordinates) weighs per block.
 # (launches, Python calls) per reduced block, measured as: launches, calls.
 MEASURED = {
-    "sd1-unet": (21.7, 38.0), "sd3": (21.3, 39.3), "pixart": (21.3, 38.3), "flux": (35.8, 57.8), "wan": (56.5, 66.0),
-    "chronoedit": (56.5, 66.0), "skyreels-v2": (56.5, 66.0), "wan-vace": (56.5, 66.0), "wan-animate": (56.5, 66.0),
-    "cosmos": (64.5, 73.0), "hunyuan_video15": (72.5, 76.5), "hunyuan-video": (74.5, 94.0),
-    "motif-video": (74.5, 94.0), "framepack": (83.5, 103.0), "hidream": (63.0, 75.0), "hunyuan-image": (74.5, 89.5),
-    "mochi": (65.0, 74.0), "consisid": (66.0, 74.0), "easyanimate": (66.0, 74.0), "sana-video": (57.0, 66.0),
-    "latte": (25.5, 52.5), "ltx-video": (58.5, 73.5), "ltx2": (98.0, 113.0), "qwen-image": (64.0, 99.5),
-    "z-image": (101.5, 97.0), "lumina2": (92.3, 90.3), "omnigen": (82.5, 86.5), "chroma": (45.5, 61.5),
-    "flux2": (35.8, 57.8), "cogview4": (66.0, 73.5), "sana": (25.5, 46.0), "hunyuan-dit": (45.8, 56.2),
-    "auraflow": (36.8, 43.2), "prx": (58.0, 66.5), "bria": (60.0, 74.0), "bria-fibo": (62.5, 78.5),
-    "longcat-image": (62.5, 75.5), "ovis-image": (60.0, 74.0), "cogview3-plus": (26.5, 47.0),
-    "glm-image": (65.5, 73.5), "cogvideox-1.5": (71.5, 84.0), "joyimage-edit": (116.0, 120.0), "krea2": (92.0, 108.0),
-    "flux3": (66.0, 80.0), "nucleusmoe-image": (64.0, 111.5), "helios": (103.0, 102.0), "anyflow": (96.0, 106.0),
-    "controlnet-xs": (16.6, 28.0), "unet3d": (21.3, 38.0),
+    "sd1-unet": (21.3, 38.0), "sd3": (21.0, 39.3), "pixart": (21.0, 38.3), "flux": (28.8, 55.2), "wan": (32.0, 56.5),
+    "chronoedit": (32.0, 56.5), "skyreels-v2": (32.0, 56.5), "wan-vace": (32.0, 56.5), "wan-animate": (32.0, 56.5),
+    "cosmos": (40.0, 63.5), "hunyuan_video15": (48.0, 67.0), "hunyuan-video": (50.0, 84.5),
+    "motif-video": (50.0, 84.5), "framepack": (59.0, 93.5), "hidream": (38.5, 65.5), "hunyuan-image": (50.0, 80.0),
+    "mochi": (40.5, 64.5), "consisid": (41.5, 64.5), "easyanimate": (41.5, 64.5), "sana-video": (32.5, 56.5),
+    "latte": (25.0, 52.5), "ltx-video": (34.0, 64.0), "ltx2": (49.0, 94.0), "qwen-image": (39.5, 90.0),
+    "z-image": (77.0, 87.5), "lumina2": (76.0, 84.0), "omnigen": (58.0, 77.0), "chroma": (38.5, 59.0),
+    "flux2": (28.8, 55.2), "cogview4": (41.5, 64.0), "sana": (25.0, 46.0), "hunyuan-dit": (33.5, 51.5),
+    "auraflow": (24.5, 38.5), "prx": (33.5, 57.0), "bria": (46.0, 69.0), "bria-fibo": (48.5, 73.5),
+    "longcat-image": (48.5, 70.5), "ovis-image": (46.0, 69.0), "cogview3-plus": (26.0, 47.0),
+    "glm-image": (41.0, 64.0), "cogvideox-1.5": (47.0, 74.5), "joyimage-edit": (67.0, 101.0), "krea2": (91.0, 108.0),
+    "flux3": (52.0, 75.0), "nucleusmoe-image": (39.5, 102.0), "helios": (54.0, 83.0), "anyflow": (47.0, 87.0),
+    "controlnet-xs": (16.4, 28.0), "unet3d": (21.0, 38.0),
 }
 
 # The yardsticks (host_cost.NARROW): each model's real block structure at a tiny width, batch 2, an 8x8 latent, the
 # defaults of each mode. The goals: merge <= 20 launches and <= 50 Python calls per merged block,
 # downsample <= 3 and <= 20 (docs/host-cost.md says which are met).
 YARDSTICKS = {
-    ("sd1.5", "merge"): (18.4, 32.0), ("sd1.5", "downsample"): (2.2, 15.2),
-    ("sdxl", "merge"): (16.2, 27.5), ("sdxl", "downsample"): (1.6, 12.1),
+    ("sd1.5", "merge"): (18.2, 32.0), ("sd1.5", "downsample"): (2.2, 15.2),
+    ("sdxl", "merge"): (16.1, 27.5), ("sdxl", "downsample"): (1.6, 12.1),
     ("sd3", "merge"): (14.9, 25.9), ("sd3", "downsample"): (1.2, 16.3),
-    ("flux", "merge"): (24.6, 46.5), ("flux", "downsample"): (2.5, 18.2),
-    ("wan", "merge"): (19.6, 35.2), ("wan", "downsample"): (2.4, 18.5),
+    ("flux", "merge"): (23.1, 45.9), ("flux", "downsample"): (2.5, 18.2),
+    ("wan", "merge"): (18.0, 34.6), ("wan", "downsample"): (2.2, 18.4),
 }
 
 
