@@ -51,23 +51,41 @@ def timestep_key(xp: Backend, timestep: Any) -> Key:
     if isinstance(timestep, (int, float)):
         t32 = struct.unpack("<f", struct.pack("<f", float(timestep)))[0]
         return int((t32 * _TIMESTEP_SCALE + 0.5) // 1) % _PRIME
+    return _timestep_count(xp, timestep) % _PRIME
+
+
+def _timestep_count(xp: Backend, timestep: Any) -> Any:
+    """floor(t * 1024 + 0.5) of a timestep tensor's first element, in float32, as an int64 [1], not yet reduced."""
     shape = xp.shape(timestep)
     first = xp.reshape(timestep, [1]) if len(shape) == 0 else xp.reshape(timestep, [-1])[:1]
-    return xp.to_int64(xp.floor(xp.to_float32(first) * _TIMESTEP_SCALE + 0.5)) % _PRIME
+    return xp.to_int64(xp.floor(xp.to_float32(first) * _TIMESTEP_SCALE + 0.5))
 
 
 def call_key(xp: Backend, seed: int, timestep: Any) -> Key:
     """The key of one call's draws: a Python int, or a [1] int64 tensor on the timestep's device."""
-    return (timestep_key(xp, timestep) * _MULTIPLIERS[2] + stream_key(seed, 0)) % _PRIME
+    if timestep is None or isinstance(timestep, (int, float)):
+        return (timestep_key(xp, timestep) * _MULTIPLIERS[2] + stream_key(seed, 0)) % _PRIME
+    # timestep_key's reduction left to this one (a launch fewer at every call): the same residue, and exact while
+    # |t| < 2**13 (timestep_key's range; the product stays far below 2**63)
+    return (_timestep_count(xp, timestep) * _MULTIPLIERS[2] + stream_key(seed, 0)) % _PRIME
 
 
-def randint(xp: Backend, like: Any, shape: Sequence[int], high: int, key: Key) -> Any:
+def counters(xp: Backend, like: Any, n: int) -> Any:
+    """randint's first step for draws of n integers: i * the first multiplier, for each i < n. It depends on n alone,
+    so a caller may keep it across calls and hand it to randint."""
+    return xp.arange(n, like) * _MULTIPLIERS[0]
+
+
+def randint(xp: Backend, like: Any, shape: Sequence[int], high: int, key: Key, steps: Any = None) -> Any:
     """Integers in [0, high) of `shape`, int64, on the device of `like`.
 
     Element i (row-major) is a hash of (key, i): a patch draws one [blocks, cells] table per
     call and level, and block b takes row b, so each block's pattern is a function of
-    (seed, timestep, block) at the cost of one draw per call.
+    (seed, timestep, block) at the cost of one draw per call. `steps`: counters(xp, like, prod(shape)), kept
+    by the caller (None: made here).
     """
-    x = (xp.arange(math.prod(shape), like) * _MULTIPLIERS[0] + key) % _PRIME
+    if steps is None:
+        steps = counters(xp, like, math.prod(shape))
+    x = (steps + key) % _PRIME
     x = _xor_shift(xp, (x * _MULTIPLIERS[1]) % _PRIME)
     return xp.reshape(x % high, list(shape))

@@ -21,30 +21,30 @@ from tomesd.bench.measures.host_cost import NARROW, build_narrow, host_work, nar
 # the call's own work (the random draw, the partitions of every block, the grid's coordinates) weighs per block.
 # (launches, Python calls) per reduced block, measured as: launches, calls.
 MEASURED = {
-    "sd1-unet": (21.3, 38.0), "sd3": (21.0, 39.3), "pixart": (21.0, 38.3), "flux": (28.8, 55.2), "wan": (32.0, 56.5),
-    "chronoedit": (32.0, 56.5), "skyreels-v2": (32.0, 56.5), "wan-vace": (32.0, 56.5), "wan-animate": (32.0, 56.5),
-    "cosmos": (40.0, 63.5), "hunyuan_video15": (48.0, 67.0), "hunyuan-video": (50.0, 84.5),
-    "motif-video": (50.0, 84.5), "framepack": (59.0, 93.5), "hidream": (38.5, 65.5), "hunyuan-image": (50.0, 80.0),
-    "mochi": (40.5, 64.5), "consisid": (41.5, 64.5), "easyanimate": (41.5, 64.5), "sana-video": (32.5, 56.5),
-    "latte": (25.0, 52.5), "ltx-video": (34.0, 64.0), "ltx2": (49.0, 94.0), "qwen-image": (39.5, 90.0),
-    "z-image": (77.0, 87.5), "lumina2": (76.0, 84.0), "omnigen": (58.0, 77.0), "chroma": (38.5, 59.0),
-    "flux2": (28.8, 55.2), "cogview4": (41.5, 64.0), "sana": (25.0, 46.0), "hunyuan-dit": (33.5, 51.5),
-    "auraflow": (24.5, 38.5), "prx": (33.5, 57.0), "bria": (46.0, 69.0), "bria-fibo": (48.5, 73.5),
-    "longcat-image": (48.5, 70.5), "ovis-image": (46.0, 69.0), "cogview3-plus": (26.0, 47.0),
-    "glm-image": (41.0, 64.0), "cogvideox-1.5": (47.0, 74.5), "joyimage-edit": (67.0, 101.0), "krea2": (91.0, 108.0),
-    "flux3": (52.0, 75.0), "nucleusmoe-image": (39.5, 102.0), "helios": (54.0, 83.0), "anyflow": (47.0, 87.0),
-    "controlnet-xs": (16.4, 28.0), "unet3d": (21.0, 38.0),
+    "sd1-unet": (20.3, 37.7), "sd3": (20.0, 39.0), "pixart": (20.0, 38.0), "flux": (28.0, 55.0), "wan": (30.5, 56.0),
+    "chronoedit": (30.5, 56.0), "skyreels-v2": (30.5, 56.0), "wan-vace": (30.5, 56.0), "wan-animate": (30.5, 56.0),
+    "cosmos": (38.5, 63.0), "hunyuan_video15": (46.5, 66.5), "hunyuan-video": (48.5, 84.0),
+    "motif-video": (48.5, 84.0), "framepack": (57.5, 93.0), "hidream": (37.0, 65.0), "hunyuan-image": (48.5, 79.5),
+    "mochi": (39.0, 64.0), "consisid": (40.0, 64.0), "easyanimate": (40.0, 64.0), "sana-video": (31.0, 56.0),
+    "latte": (23.5, 52.0), "ltx-video": (32.5, 63.5), "ltx2": (46.0, 93.0), "qwen-image": (38.0, 89.5),
+    "z-image": (75.5, 87.0), "lumina2": (75.0, 83.7), "omnigen": (56.5, 76.5), "chroma": (37.8, 58.8),
+    "flux2": (28.0, 55.0), "cogview4": (40.0, 63.5), "sana": (23.5, 45.5), "hunyuan-dit": (32.8, 51.2),
+    "auraflow": (23.8, 38.2), "prx": (32.0, 56.5), "bria": (44.5, 68.5), "bria-fibo": (47.0, 73.0),
+    "longcat-image": (47.0, 70.0), "ovis-image": (44.5, 68.5), "cogview3-plus": (24.5, 46.5),
+    "glm-image": (39.5, 63.5), "cogvideox-1.5": (45.5, 74.0), "joyimage-edit": (64.0, 100.0), "krea2": (88.0, 107.0),
+    "flux3": (50.5, 74.5), "nucleusmoe-image": (38.0, 101.5), "helios": (51.0, 82.0), "anyflow": (44.0, 86.0),
+    "controlnet-xs": (16.1, 27.9), "unet3d": (20.0, 37.7),
 }
 
 # The yardsticks (host_cost.NARROW): each model's real block structure at a tiny width, batch 2, an 8x8 latent, the
 # defaults of each mode. The goals: merge <= 20 launches and <= 50 Python calls per merged block,
 # downsample <= 3 and <= 20 (docs/host-cost.md says which are met).
 YARDSTICKS = {
-    ("sd1.5", "merge"): (18.2, 32.0), ("sd1.5", "downsample"): (2.2, 15.2),
-    ("sdxl", "merge"): (16.1, 27.5), ("sdxl", "downsample"): (1.6, 12.1),
-    ("sd3", "merge"): (14.9, 25.9), ("sd3", "downsample"): (1.2, 16.3),
-    ("flux", "merge"): (23.1, 45.9), ("flux", "downsample"): (2.5, 18.2),
-    ("wan", "merge"): (18.0, 34.6), ("wan", "downsample"): (2.2, 18.4),
+    ("sd1.5", "merge"): (17.6, 31.8), ("sd1.5", "downsample"): (2.2, 15.2),
+    ("sdxl", "merge"): (15.8, 27.4), ("sdxl", "downsample"): (1.6, 12.1),
+    ("sd3", "merge"): (14.8, 25.9), ("sd3", "downsample"): (1.2, 16.3),
+    ("flux", "merge"): (22.9, 45.9), ("flux", "downsample"): (2.5, 18.2),
+    ("wan", "merge"): (17.9, 34.5), ("wan", "downsample"): (2.2, 18.4),
 }
 
 

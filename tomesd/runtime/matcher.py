@@ -284,7 +284,13 @@ class Matcher:
         if table is None:
             if call.key is None:
                 call.key = rng.call_key(self.patch.xp, self.seed, call.timestep)
-            table = rng.randint(self.patch.xp, x, [len(self.patch.blocks), cells], places, call.key)
+            # The draw's counters depend on its size alone: kept among the eager calls' constants
+            n, xp = len(self.patch.blocks) * cells, self.patch.xp
+            key = f"rng counters {n} {getattr(x, 'device', None) or getattr(x, 'place', None)}"
+            steps = call.memo.get(key)
+            if steps is None:
+                steps = call.memo[key] = rng.counters(xp, x, n)
+            table = rng.randint(xp, x, [len(self.patch.blocks), cells], places, call.key, steps)
             call.draws[cells] = table
         return table
 
