@@ -57,6 +57,7 @@ def main() -> None:
     import torch
 
     import tomesd
+    from host_time import interleaved
     from tomesd.bench.kits.torch_kit import TorchKit
     from tomesd.bench.measures.host_cost import build_narrow, narrow_inputs, reduced_blocks
 
@@ -75,13 +76,7 @@ def main() -> None:
             blocks = reduced_blocks(tome, lambda: forward(tome))
             for model in models.values():
                 forward(model)
-            times = {label: [] for label in models}
-            for rep in range(opts.repeats):
-                order = list(models.items()) if rep % 2 == 0 else list(models.items())[::-1]
-                for label, model in order:
-                    started = time.perf_counter()
-                    forward(model)
-                    times[label].append(time.perf_counter() - started)
+            times = interleaved(models, forward, opts.repeats)
             tight = bare_block(torch, *hooked["last"], 200)
         unpatched, patched, floor = (statistics.median(times[k]) for k in models)
         print(f"{name}: {blocks} merged blocks, {hooked['count']} with the bare kernels, tokens "

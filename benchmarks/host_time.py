@@ -13,8 +13,22 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable, Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def interleaved(models: Dict[str, Any], forward: Callable[[Any], Any], repeats: int) -> Dict[str, List[float]]:
+    """Seconds of each of `repeats` forwards of every model, interleaved (the order reversed every other round), so
+    the machine's drift falls on every configuration alike."""
+    times: Dict[str, List[float]] = {label: [] for label in models}
+    for rep in range(repeats):
+        order = list(models.items()) if rep % 2 == 0 else list(models.items())[::-1]
+        for label, model in order:
+            started = time.perf_counter()
+            forward(model)
+            times[label].append(time.perf_counter() - started)
+    return times
 
 
 def main() -> None:
@@ -48,17 +62,11 @@ def main() -> None:
             forward = lambda model: model(sample, **rest)  # noqa: E731
         else:
             forward = lambda model: model(**inputs)  # noqa: E731
-        times = {label: [] for label in models}
         with torch.no_grad():
             for model in models.values():  # warm-up: first calls plan, park and keep their constants
                 for _ in range(2):
                     forward(model)
-            for rep in range(opts.repeats):
-                order = list(models.items()) if rep % 2 == 0 else list(models.items())[::-1]
-                for label, model in order:
-                    started = time.perf_counter()
-                    forward(model)
-                    times[label].append(time.perf_counter() - started)
+            times = interleaved(models, forward, opts.repeats)
             counts = {label: host_work(lambda m=model: forward(m)) for label, model in models.items()}
         own = statistics.median(times["unpatched"])
         rows = {}
