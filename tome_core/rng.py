@@ -65,8 +65,9 @@ def call_key(xp: Backend, seed: int, timestep: Any) -> Key:
     """The key of one call's draws: a Python int, or a [1] int64 tensor on the timestep's device."""
     if timestep is None or isinstance(timestep, (int, float)):
         return (timestep_key(xp, timestep) * _MULTIPLIERS[2] + stream_key(seed, 0)) % _PRIME
-    # timestep_key's reduction left to this one (a launch fewer at every call): the same residue, and exact while
-    # |t| < 2**13 (timestep_key's range; the product stays far below 2**63)
+    # timestep_key's reduction left to this one (a launch fewer at every call): the same residue while the product
+    # stays below 2**63, |t| < 1.2e11 (timesteps and sigmas are below 1e4; past that the key differs from the
+    # Python number's, and stays a deterministic function of t)
     return (_timestep_count(xp, timestep) * _MULTIPLIERS[2] + stream_key(seed, 0)) % _PRIME
 
 

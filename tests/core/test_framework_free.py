@@ -141,7 +141,7 @@ def test_random_tables_equal_the_python_integer_formula_on_every_backend(fw, see
 
 
 # 3/2048 - 1e-12 keys as 2 through float32 (where it rounds to 3/2048) and as 1 in float64.
-@pytest.mark.parametrize("timestep", [0.0, 1.0, 999.0, 781.25, 0.3, 13.0009765625, 8191.5, 3 / 2048 - 1e-12])
+@pytest.mark.parametrize("timestep", [0.0, 1.0, 999.0, 781.25, 0.3, 13.0009765625, 8191.5, 3 / 2048 - 1e-12, -7.25, 1e10])
 def test_a_timestep_tensor_keys_as_its_python_number(fw, timestep):
     assert rng.timestep_key(fw.xp, timestep) == python_timestep_key(timestep)
     for dtype in (np.float32, np.float64, np.int64):

@@ -70,6 +70,22 @@ def test_applying_twice_equals_applying_once(family):
     assert torch.equal(once, twice)
 
 
+def test_a_forward_under_inference_mode_equals_one_under_no_grad(family):
+    """torch.inference_mode (ComfyUI samples under it; so do many scripts): its tensors track no version counter and
+    the patch's kept constants cross between the two modes, both ways."""
+    family, model = family
+    inputs = family.inputs(model)
+    tomesd.apply_patch(model, **patch_kwargs(family))
+    try:
+        before = family.run(model, inputs)
+        with torch.inference_mode():
+            inferred = family.run(model, inputs)
+        after = family.run(model, inputs)
+    finally:
+        tomesd.remove_patch(model)
+    assert torch.equal(inferred, before) and torch.equal(after, before)
+
+
 def test_deepcopy_and_pickle_carry_the_patch_and_remove_apart(family):
     family, model = family
     inputs = family.inputs(model)

@@ -202,14 +202,16 @@ def gather_pair(xp: Any, merge: Any, rows: Tuple[Any, Any], axis: int, image_fir
     is joined again), each block gathers the joined rows and splits them (views; the values are the same as two
     gathers'). A pair whose tables differ in shape or dtype, or whose rows lie along the last axis, gathers each."""
     cos, sin = rows
+    try:
+        versions = (getattr(cos, "_version", None), getattr(sin, "_version", None))
+    except RuntimeError:  # torch's inference tensors (torch.inference_mode) track no version: their identity alone
+        versions = None
     held = call.rotary
-    if held is None or held[0] is not cos or held[1] is not sin \
-            or held[3] != (getattr(cos, "_version", None), getattr(sin, "_version", None)):
+    if held is None or held[0] is not cos or held[1] is not sin or held[3] != versions:
         rank = len(cos.shape)
         if cos.shape != sin.shape or cos.dtype != sin.dtype or axis % rank == rank - 1:
             return merge.gather_tables(rows, axis, image_first)
-        held = call.rotary = (cos, sin, xp.concat([cos, sin], -1),
-                              (getattr(cos, "_version", None), getattr(sin, "_version", None)))
+        held = call.rotary = (cos, sin, xp.concat([cos, sin], -1), versions)
     gathered = merge.gather_rows(held[2], axis, image_first)
     width = cos.shape[-1]
     return gathered[..., :width], gathered[..., width:]
