@@ -270,7 +270,10 @@ class Matcher:
         if call.images is not None:  # each token's image in every block's order: one gather a call
             parts.append(xp.reshape(xp.take(call.images, xp.reshape(order, [-1]), 0), xp.shape(order)))
         # Row k of each as block k's (order, position, images or None), as _grid_partition keeps them
-        per_block = list(zip(*map(xp.unstack, parts), *([] if len(parts) == 3 else [repeat(None)])))
+        rows = list(map(xp.unstack, parts))
+        if call.images is None:
+            rows.append(repeat(None))
+        per_block = list(zip(*rows))
         table = call.partitions[("coordinates", use_rand)] = (per_block, num_dst, self._device(order))
         return table
 
@@ -286,10 +289,10 @@ class Matcher:
                 call.key = rng.call_key(self.patch.xp, self.seed, call.timestep)
             # The draw's counters depend on its size alone: kept among the eager calls' constants
             n, xp = len(self.patch.blocks) * cells, self.patch.xp
-            key = f"rng counters {n} {getattr(x, 'device', None) or getattr(x, 'place', None)}"
-            steps = call.memo.get(key)
+            memo_key = f"rng counters {n} {getattr(x, 'device', None) or getattr(x, 'place', None)}"
+            steps = call.memo.get(memo_key)
             if steps is None:
-                steps = call.memo[key] = rng.counters(xp, x, n)
+                steps = call.memo[memo_key] = rng.counters(xp, x, n)
             table = rng.randint(xp, x, [len(self.patch.blocks), cells], places, call.key, steps)
             call.draws[cells] = table
         return table
