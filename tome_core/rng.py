@@ -77,6 +77,13 @@ def counters(xp: Backend, like: Any, n: int) -> Any:
     return xp.arange(n, like) * _MULTIPLIERS[0]
 
 
+def row_counters(xp: Backend, like: Any, n: int, row: Any) -> Any:
+    """counters' row `row` of a [rows, n] draw: (row * n + j) times the first multiplier for each j < n, so that a
+    draw of one row equals that row of the whole table. `row`: an int, or an int64 tensor (a block's index kept on
+    the device, which a graph compiler takes as an input: one graph for every row)."""
+    return (xp.arange(n, like) + row * n) * _MULTIPLIERS[0]
+
+
 def randint(xp: Backend, like: Any, shape: Sequence[int], high: int, key: Key, steps: Any = None) -> Any:
     """Integers in [0, high) of `shape`, int64, on the device of `like`.
 

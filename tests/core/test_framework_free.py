@@ -140,6 +140,20 @@ def test_random_tables_equal_the_python_integer_formula_on_every_backend(fw, see
     assert len(set(python_randint(64, 4, key))) == 4  # the formula does spread over [0, high)
 
 
+@pytest.mark.parametrize("row", [0, 1, 5])
+def test_one_row_drawn_alone_equals_that_row_of_the_whole_table(fw, row):
+    """A block compiled on its own draws its row alone (its index a tensor on the device): the same integers as the
+    call's [blocks, cells] table gives it."""
+    like = fw.tensor(np.zeros(1, dtype=np.float32))
+    key = rng.call_key(fw.xp, 3, 500.0)
+    whole = fw.numpy(rng.randint(fw.xp, like, [6, 11], 4, key))
+    index = fw.tensor(np.array([row], dtype=np.int64))
+    for at in (row, index):
+        alone = fw.numpy(rng.randint(fw.xp, like, [1, 11], 4, key, rng.row_counters(fw.xp, like, 11, at)))
+        assert alone.tolist() == whole[row:row + 1].tolist()
+    assert whole[0].tolist() != whole[1].tolist()  # the rows do differ
+
+
 # 3/2048 - 1e-12 keys as 2 through float32 (where it rounds to 3/2048) and as 1 in float64.
 @pytest.mark.parametrize("timestep", [0.0, 1.0, 999.0, 781.25, 0.3, 13.0009765625, 8191.5, 3 / 2048 - 1e-12, -7.25, 1e10])
 def test_a_timestep_tensor_keys_as_its_python_number(fw, timestep):

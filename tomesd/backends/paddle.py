@@ -207,6 +207,11 @@ class PaddleHost:
 
     asks_each_hook = True  # AST tracing runs a block's hooks in the program, its root's outside: each hook asks
 
+    @staticmethod
+    def compiled_blocks(blocks: Any) -> bool:
+        """Never: paddle compiles no block apart from its root (to_static runs the root's hooks in the program)."""
+        return False
+
     def is_compiling(self) -> bool:
         """Never: a hook that finds itself traced into a static program refuses (see _NO_AST).
 

@@ -138,6 +138,24 @@ class TorchHost:
     def reset_compiled(self) -> None:
         torch.compiler.reset()
 
+    @staticmethod
+    def compiled_blocks(blocks: Sequence[torch.nn.Module]) -> bool:
+        """Whether any of `blocks` is compiled on its own (`Module.compile`, as diffusers' compile_repeated_blocks
+        does): its hooks are then traced apart from its root's, which run eagerly."""
+        for block in blocks:
+            if block.__dict__.get("_compiled_call_impl") is not None:
+                return True
+        return False
+
+    @staticmethod
+    def index_tensor(index: int, like: torch.Tensor) -> torch.Tensor:
+        """`index` as an int64 [1] on `like`'s device, at an address CUDA graphs may keep (made once per device)."""
+        import torch._dynamo  # loaded already where blocks are compiled
+
+        tensor = torch.tensor([index], dtype=torch.int64, device=like.device)
+        torch._dynamo.mark_static_address(tensor)
+        return tensor
+
     def named_modules(self, module: torch.nn.Module) -> Iterator[Tuple[str, torch.nn.Module]]:
         return module.named_modules()
 

@@ -16,6 +16,8 @@ hook outward), so either side can be removed first.
 """
 from __future__ import annotations
 
+import inspect
+from types import FunctionType, MethodType
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import torch
@@ -25,28 +27,58 @@ class InnerLink:
     """`pre(module, args, kwargs)`, the rest of the chain (`inner`), `post(module, args, output)`: the
     hook signatures of torch's forward hooks, so one hook object serves either place. Or, given `wrap`,
     `wrap(module, inner, args, kwargs)` in their place: it calls the rest of the chain itself, as often as it
-    needs (restore_tokens in downsample mode runs it twice at a window's first step)."""
+    needs (restore_tokens in downsample mode runs it twice at a window's first step).
 
-    __slots__ = ("module", "pre", "post", "inner", "owner", "wrap", "__wrapped__")
+    What is seated in the chain is `forward`, the link's call as a bound method, not the link: dynamo guards a
+    callable object met as a module's forward by identity, so blocks compiled on their own (diffusers'
+    compile_repeated_blocks) would get a graph per block; a bound method is guarded by its function's code, one for
+    every link. Its function is the link's own copy of `__call__`, whose `__signature__` is the rest of the chain's
+    (inspect.signature(module.forward) reads the module's own). `post` may be set after seating (a block's exit:
+    ToMePatch.regional_call)."""
+
+    __slots__ = ("module", "pre", "post", "_inner", "owner", "wrap", "forward")
 
     def __init__(self, module: torch.nn.Module, pre: Optional[Callable], post: Optional[Callable], owner: Any,
                  inner: Callable, wrap: Optional[Callable] = None) -> None:
         self.module, self.pre, self.post, self.owner, self.wrap = module, pre, post, owner, wrap
-        self.inner = self.__wrapped__ = inner  # inspect.signature(link) reads the module's own signature
+        call = InnerLink.__call__
+        self.forward = MethodType(FunctionType(call.__code__, call.__globals__, "__call__"), self)
+        self.inner = inner
+
+    @property
+    def inner(self) -> Callable:
+        return self._inner
+
+    @inner.setter
+    def inner(self, inner: Callable) -> None:
+        self._inner = inner
+        try:  # the signature of the rest of the chain, behind the bound method's own first parameter
+            signature = inspect.signature(inner)
+            own = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)]
+            self.forward.__func__.__signature__ = signature.replace(parameters=own + list(signature.parameters.values()))
+        except (TypeError, ValueError):
+            pass
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.wrap is not None:
-            return self.wrap(self.module, self.inner, args, kwargs)
+            return self.wrap(self.module, self._inner, args, kwargs)
         if self.pre is not None:
             changed = self.pre(self.module, args, kwargs)
             if changed is not None:
                 args, kwargs = changed
-        output = self.inner(*args, **kwargs)
+        output = self._inner(*args, **kwargs)
         if self.post is not None:
             changed = self.post(self.module, args, output)
             if changed is not None:
                 output = changed
         return output
+
+
+def link_of(value: Any) -> Optional[InnerLink]:
+    """The link whose `forward` `value` is (or the link itself), or None (any other callable of a forward chain)."""
+    if type(value) is MethodType:
+        value = value.__self__
+    return value if isinstance(value, InnerLink) else None
 
 
 Slot = Tuple[Any, str]
@@ -77,8 +109,8 @@ def _link_slots(module: torch.nn.Module) -> Iterator[Slot]:
               for attr in ("forward", "original_forward")]
     stack.append(module.__dict__.get("_old_forward"))
     while stack:
-        link = stack.pop()
-        if isinstance(link, InnerLink) and id(link) not in seen:
+        link = link_of(stack.pop())
+        if link is not None and id(link) not in seen:
             seen.append(id(link))
             yield link, "inner"
             stack.append(link.inner)
@@ -99,12 +131,12 @@ def seat(module: torch.nn.Module, pre: Optional[Callable], post: Optional[Callab
         value = _value(holder, name)
         if _is_own_forward(value, module):
             link = InnerLink(module, pre, post, owner, value, wrap)
-            setattr(holder, name, link)
+            setattr(holder, name, link.forward)
             return link
     # No wrapper holds the own forward: the class's forward is called directly (or an unknown wrapper
     # replaced it, and the link goes outside that wrapper, where torch's hooks would be).
     link = InnerLink(module, pre, post, owner, module.forward, wrap)
-    module.forward = link
+    module.forward = link.forward
     return link
 
 
@@ -120,11 +152,11 @@ def unseat(module: torch.nn.Module, owns: Callable[[Any], bool]) -> None:
     while changed:
         changed = False
         for holder, name in list(_slots(module)):
-            value = _value(holder, name)
-            if isinstance(value, InnerLink) and owns(value.owner):
-                if holder is module and name == "forward" and _is_own_forward(value.inner, module):
+            link = link_of(_value(holder, name))
+            if link is not None and owns(link.owner):
+                if holder is module and name == "forward" and _is_own_forward(link.inner, module):
                     del module.__dict__["forward"]  # the module as it was: its class's forward
                 else:
-                    setattr(holder, name, value.inner)
+                    setattr(holder, name, link.inner)
                 changed = True
                 break

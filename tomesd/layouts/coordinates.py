@@ -110,9 +110,14 @@ class Ids(_Coordinates):
     def _rows(self, ids: Any) -> Any:
         return ids[0] if len(self.xp.shape(ids)) == 3 else ids  # rows (image, row, col[, ...]), on the device
 
+    def host_downsample_grid(self, call: Any, host: Any) -> Optional[Tuple[int, int, int]]:
+        return self.downsample_grid(call, None, host)
+
     def downsample_grid(self, call: Any, plan: Any, host: Any) -> Tuple[int, int, int]:
         """The image's (1, rows, cols). A packed latent's shape does not say them, so they are read from the
         ids on the host: once per ids tensor (a pipeline passes one per run), eagerly only."""
+        if call.down_grid is not None:  # read by the eager root of blocks compiled on their own
+            return call.down_grid
         ids = call.grid
         known = self._grids.get(id(ids))
         if known is not None and known[0]() is ids:

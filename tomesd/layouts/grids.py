@@ -64,6 +64,11 @@ class Layout:
         """(frames, rows, cols) of the image tokens mode='downsample' shrinks, each frame on its own."""
         return 1, plan.h, plan.w
 
+    def host_downsample_grid(self, call: Any, host: Any) -> Optional[Tuple[int, int, int]]:
+        """downsample_grid where it reads the host (the latent's shape does not give it), read by an eager root for
+        its blocks compiled on their own (call.down_grid); None where the shapes give it."""
+        return None
+
 
 class Levels(Layout):
     one_grid = False

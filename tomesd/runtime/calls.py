@@ -22,7 +22,7 @@ class CallState:
     __slots__ = ("grid", "coords", "ids", "tail", "head", "timestep", "key", "draws", "finest_level", "merges",
                  "pending", "shared", "step", "ratio", "watch", "band", "restore", "restoring", "unified", "partitions",
                  "memo", "idle", "outer", "grid_tokens",
-                 "images", "eager", "xp", "rotary")
+                 "images", "eager", "xp", "rotary", "regional", "row", "down_grid")
 
     def __init__(self) -> None:
         # The layout's reading of this call's token grid, from shapes only (tomesd/layouts/): the latent's
@@ -61,6 +61,15 @@ class CallState:
         # (runtime/sites.py: gather_pair): (cos, sin, joined, the tables' versions), eager calls only
         self.rotary: Optional[Tuple[Any, Any, Any, Any]] = None
         self.finest_level: Optional[int] = None  # UNets: level of the call's first attention block
+        # Whether this eager call's blocks are compiled on their own (diffusers' compile_repeated_blocks): each block
+        # then runs in a call of its own (CallState.for_block), traced alike for every block
+        self.regional = False
+        # A block's own call: the block's index as an int64 [1] tensor on the device (its random pattern's row), which
+        # a graph compiler takes as an input, not as a constant (one graph serves every block); None elsewhere
+        self.row: Any = None
+        # mode='downsample''s (frames, rows, cols) where the latent's shape does not give them (Flux's ids): read on the
+        # host by the eager root of blocks compiled on their own (ToMePatch.regional_call), for the blocks to take
+        self.down_grid: Any = None
         self.merges: Dict[int, BlockMerge] = {}
         self.pending: Dict[int, Tuple[Any, Any, bool]] = {}  # block -> (block, its input, grad mode), until used
         self.shared: Dict[Any, Any] = {}  # per-level results every block of the call may use
@@ -74,6 +83,59 @@ class CallState:
         # kept at the window's unmerged step, where `merges` holds None
         self.restore: Any = None
         self.restoring: Dict[int, Tuple[Any, Any]] = {}
+
+
+    @classmethod
+    def for_block(cls, outer: "CallState", xp: Any, row: Any) -> "CallState":
+        """A call of one block inside the eager call `outer`, for a block compiled on its own: it reads what `outer`
+        read from the root's inputs, computes everything else itself, and holds that one block's merge. Nothing in it
+        names the block's index (OneBlock ignores its keys; `row` is a tensor), so a compiled block's graph is the
+        same for every block of its kind and shape."""
+        call = cls()
+        call.eager, call.xp, call.row, call.outer = False, xp, row, outer
+        call.grid, call.ids, call.tail, call.head = outer.grid, outer.ids, outer.tail, outer.head
+        call.unified = dict(outer.unified)
+        call.timestep, call.band, call.ratio, call.step = outer.timestep, outer.band, outer.ratio, outer.step
+        call.finest_level, call.down_grid = outer.finest_level, outer.down_grid
+        call.pending, call.merges, call.idle = OneBlock(), OneBlock(), _NoIdle()
+        return call
+
+
+class OneBlock:
+    """A block's own call's dict of its one block (pending input, merge): keys are ignored, so a traced block never
+    reads its index (a graph compiler would specialize on it: a graph per block)."""
+
+    __slots__ = ("value", "full")
+
+    def __init__(self) -> None:
+        self.value: Any = None
+        self.full = False
+
+    def __contains__(self, key: Any) -> bool:
+        return self.full
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self.value if self.full else default
+
+    def pop(self, key: Any, default: Any = None) -> Any:
+        value = self.value if self.full else default
+        self.value, self.full = None, False
+        return value
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.value, self.full = value, True
+
+
+class _NoIdle:
+    """A block's own call parks nothing (its hooks stay on a compiled block, whose graph would otherwise change)."""
+
+    __slots__ = ()
+
+    def append(self, item: Any) -> None:
+        return None
+
+    def __len__(self) -> int:
+        return 0
 
 
 class Band(NamedTuple):
@@ -129,6 +191,25 @@ class CallStacks:
             self._owner = thread if self._active == 1 else self._owner
             if not self.shared:
                 self.innermost = call
+
+    def enter_block(self, local: CallState) -> None:
+        """`local` (CallState.for_block) is every hook's call until leave_block: the block's hooks then find it as
+        they find any call."""
+        if self.shared:
+            self._threads.stack.append(local)
+        else:
+            self.innermost = local
+
+    def leave_block(self, local: CallState) -> None:
+        outer = local.outer
+        if outer is not None and outer.finest_level is None:  # the first attention block's level, for the others
+            outer.finest_level = local.finest_level
+        if self.shared:
+            stack = self._threads.stack
+            if stack and stack[-1] is local:
+                stack.pop()
+        elif self.innermost is local:
+            self.innermost = outer
 
     def pop(self) -> Optional[CallState]:
         if self._compiling():

@@ -47,7 +47,10 @@ class DownsampleContext(SiteHook):
         if (args[context.index] if at else kwargs.get(context.name)) is not None:
             return None  # keys/values already come from elsewhere (only_cross_attention): nothing to downsample
         processor = getattr(module, "processor", None)
-        if processor is None or processor is not self._unfused:
+        if call is not None and not call.eager:  # traced: asked as the graph is made, nothing kept (it would be guarded)
+            if fused(module):
+                raise ValueError(FUSED_QKV)
+        elif processor is None or processor is not self._unfused:
             if fused(module):
                 raise ValueError(FUSED_QKV)
             # A processor whose type is no fused one never is (fused() asks its type first): kept, not asked again
@@ -63,7 +66,8 @@ class DownsampleContext(SiteHook):
             self._record(call, "downsample", x, small)
         if patch.key_seam is not None:  # armed inside the attention's own forward (CheckWeighed.pre), where
             if call is not None:         # a step cache that skips the attention skips the arming too
-                call.shared[("weigh", index)] = down
+                # (a block's own call holds one block: its index is left unread, CallState.for_block)
+                call.shared[("weigh", index if call.row is None else None)] = down
         if at:
             i = context.index
             return args[:i] + (small,) + args[i + 1:], kwargs
@@ -236,7 +240,7 @@ class CheckWeighed(SiteHook):
 
     def pre(self, module: Any, args: tuple, kwargs: dict) -> None:
         call = self.patch.calls.top()
-        down = call.shared.pop(("weigh", self.index), None) if call is not None else None
+        down = call.shared.pop(("weigh", self.index if call.row is None else None), None) if call is not None else None
         if down is not None:
             weigh_downsampled(self.patch, down, False)
 

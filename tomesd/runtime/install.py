@@ -202,18 +202,20 @@ def seat_span_cache(patch: Any, index: int, span: Span) -> None:
     add_hook(patch, attention, patch.host.add_post_hook, interior.merge)
 
 
-def around(patch: Any, module: Any, pre: Any, post: Any) -> None:
+def around(patch: Any, module: Any, pre: Any, post: Any) -> Any:
     """`pre` and `post` around `module`'s own forward: innermost in its forward chain where the host
-    can seat them there (torch: inside diffusers' and accelerate's wrappers), else as forward hooks."""
+    can seat them there (torch: inside diffusers' and accelerate's wrappers; the link is returned, its `post`
+    settable later), else as forward hooks (None returned)."""
     inner = getattr(patch.host, "add_inner_hooks", None)
     if inner is not None:  # owned by the hook object (its patch's, and its block's: ToMePatch.park finds it)
-        inner(module, pre, post, getattr(pre or post, "__self__", patch))
+        link = inner(module, pre, post, getattr(pre or post, "__self__", patch))
         track(patch, module)
-        return
+        return link
     if pre is not None:
         add_hook(patch, module, patch.host.add_pre_hook, pre)
     if post is not None:
         add_hook(patch, module, patch.host.add_post_hook, post)
+    return None
 
 
 def add_hook(patch: Any, module: Any, register: Any, hook: Any) -> None:

@@ -196,7 +196,8 @@ class Matcher:
                 table = call.partitions.get(("coordinates", args.use_rand))
                 if table is None:
                     table = self._coordinate_partition(x, strides, call, xp)
-                order, position, images = table[0][index if args.use_rand else 0]
+                # (a block's own call holds its own row alone: CallState.for_block)
+                order, position, images = table[0][index if args.use_rand and call.row is None else 0]
                 if table[2] is _ANY or table[2] != getattr(x, self.device_attr):  # a block on another device
                     order, position = patch.host.on_device_of(order, x), patch.host.on_device_of(position, x)
                     images = None if images is None else patch.host.on_device_of(images, x)
@@ -223,7 +224,7 @@ class Matcher:
                 table = call.partitions.get((plan.w, plan.h, plan.use_rand))
                 if table is None:
                     table = self._grid_partition(x, plan, call, xp)
-                partition = table[0][index if plan.use_rand else 0]  # block k's (order, position)
+                partition = table[0][index if plan.use_rand and call.row is None else 0]  # block k's (order, position)
                 if table[1] is _ANY or table[1] != getattr(x, self.device_attr):  # a block on another device
                     partition = (patch.host.on_device_of(partition[0], x), patch.host.on_device_of(partition[1], x))
                 merges = compute_merges(xp, x, plan.w, h, args.sx, args.sy, rs, partition=partition, memo=call.memo)
@@ -287,6 +288,12 @@ class Matcher:
         if table is None:
             if call.key is None:
                 call.key = rng.call_key(self.patch.xp, self.seed, call.timestep)
+            if call.row is not None:  # a block's own call: its row alone, from its index on the device
+                xp = call.xp or self.patch.xp
+                row = self.patch.host.on_device_of(call.row, x)
+                table = rng.randint(xp, x, [1, cells], places, call.key, rng.row_counters(xp, x, cells, row))
+                call.draws[cells] = table
+                return table
             # The draw's counters depend on its size alone: kept among the eager calls' constants
             n, xp = len(self.patch.blocks) * cells, self.patch.xp
             memo_key = f"rng counters {n} {getattr(x, 'device', None) or getattr(x, 'place', None)}"
@@ -302,7 +309,7 @@ class Matcher:
         grid's draw per band). A patch's cell size never changes, so the cell count alone keys the table (an int:
         paddle's SOT cannot simulate a tuple key)."""
         # One draw for every block, on the first block's device: a block on another device takes its row there.
-        return self.patch.host.on_device_of(self._draws(x, cells, places, call)[index], x)
+        return self.patch.host.on_device_of(self._draws(x, cells, places, call)[0 if call.row is not None else index], x)
 
     def _note(self, call: CallState, index: int, computed: int = 0, reused: int = 0) -> None:
         if call.watch is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Optional, Tuple
 
 from . import guards, key_weights, restore
+from .calls import CallState
 from .guards import MASKED_SELF_ATTENTION
 from ..layouts.entries import Sublayer
 from ..layouts.signatures import InputSpec
@@ -53,6 +54,9 @@ class BlockEntry(SiteHook):
     def __init__(self, patch: Any, index: int, spec: InputSpec) -> None:
         super().__init__(patch, index)
         self.spec = spec
+        self.link: Any = None  # where the host seated `pre` (its post is seated later: ToMePatch.regional_call)
+        self.row: Any = None  # the block's index as a tensor on the device, for a block compiled on its own
+        self.ways = patch.kinds[index].downsample  # read here, not by index (a traced block never reads it)
 
     def pre(self, module: Any, args: tuple, kwargs: dict) -> None:
         spec = self.spec  # InputSpec.get inline: every block of every call
@@ -62,9 +66,12 @@ class BlockEntry(SiteHook):
         call = calls.innermost if calls.direct else calls.top()
         if call is None:
             return  # replayed by checkpointing: the sub-layers use the replay record
+        if call.regional:  # blocks compiled on their own: this block runs in a call of its own (exit: `post`)
+            call = CallState.for_block(call, patch.xp, self.row)
+            calls.enter_block(call)
         if patch.downsampling:
             checked = patch.checked_processors
-            for way in patch.kinds[index].downsample:
+            for way in self.ways:
                 modules = getattr(module, "_modules", None) if call.eager else None  # a dict read, no Python call
                 attn = modules.get(way.attention) if modules is not None else None
                 attn = attn if attn is not None else getattr(module, way.attention, None)
@@ -78,6 +85,14 @@ class BlockEntry(SiteHook):
         # The grad mode is taken here: LDM's checkpointing runs the block's body under no_grad inside a
         # block entered with gradients on, and training (replay kept, nothing reused) is decided by the latter.
         call.pending[index] = (module, x, patch.host.grad_enabled())
+
+    def post(self, module: Any, args: tuple, output: Any) -> None:
+        """The block's exit, seated once its root's calls find blocks compiled on their own (ToMePatch.regional_call):
+        its own call ends."""
+        calls = self.patch.calls
+        call = calls.innermost if calls.direct else calls.top()
+        if call is not None and call.row is not None:
+            calls.leave_block(call)
 
 
 class MergeSite(SiteHook):

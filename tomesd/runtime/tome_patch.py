@@ -105,6 +105,11 @@ class ToMePatch:
         self.downsampling = args.mode == "downsample"
         self.parked: set = set()  # blocks whose hooks park() took off
         self.checked_processors: dict = {}  # (block, attention) -> the processor downsampling last found fit
+        self.entries: List[BlockEntry] = []  # each block's entry hook (install)
+        # Blocks compiled on their own (regional_call): the device their index tensors are on, and whether each
+        # entry's exit is seated
+        self.rows_on: Any = None
+        self.exits_seated = False
         self._init_runtime()
 
     def _init_runtime(self) -> None:
@@ -150,7 +155,8 @@ class ToMePatch:
             entry_hook = BlockEntry(self, index, tokens)
             # Innermost in the block's forward chain, ahead of every other link of the patch there (torch: one Python
             # call a block, where a forward pre-hook costs torch three; else a forward pre-hook)
-            around(self, block, entry_hook.pre, None)
+            entry_hook.link = around(self, block, entry_hook.pre, None)
+            self.entries.append(entry_hook)
             if self.args.mode == "downsample":
                 install_downsample(self, index, block, kind)
             else:
@@ -182,6 +188,8 @@ class ToMePatch:
         for module in self._hooked:
             remove_owned_hooks(self.host, module, self)
         self._hooked.clear()
+        self.entries.clear()
+        self.rows_on, self.exits_seated = None, False
         HOOKED.discard(self)
         for seam in (self.seam, self.key_seam, self.call_seam):
             if seam is not None:
@@ -214,6 +222,8 @@ class ToMePatch:
         if latent is None:
             raise TypeError(f"ToMe found no '{self.latent_spec.name}' input in this call of {type(module).__name__}")
         self.layout.read(call, module, args, kwargs, self.layout.latent_shape(latent), self.latent_spec.name)
+        if eager and host.compiled_blocks(self.blocks):
+            self.regional_call(call, module, latent)
         call.band = self._band(module)
         if self.timestep_spec is not None:
             call.timestep = self.timestep_spec.get(args, kwargs)
@@ -232,6 +242,34 @@ class ToMePatch:
                 call.restore = self.matcher.call_restore()
         if self.replay and eager and not host.grad_enabled():
             self.replay.clear()  # inference after training: nothing left to recompute
+
+    def regional_call(self, call: CallState, module: Any, latent: Any) -> None:
+        """An eager call whose blocks are compiled on their own (diffusers' compile_repeated_blocks): each block runs
+        in a call of its own (CallState.for_block), which takes its random pattern's row from the block's index as a
+        tensor on the device (a graph compiler would make a graph per block of an int), and leaves it at the block's
+        exit. What shares work across blocks or steps through Python state cannot cross a compiled block's edge."""
+        args = self.args
+        shared = [name for name, on in (("share_across_blocks", args.share_across_blocks),
+                                         (f"reuse_steps={args.reuse_steps}", self.matcher.steps_reused > 1),
+                                         ("restore_tokens", args.restore_tokens)) if on]
+        if shared:
+            raise ValueError(
+                f"{', '.join(shared)} keep matchings across blocks or steps, which blocks of "
+                f"{type(module).__name__} compiled on their own (compile_repeated_blocks) cannot hand each other: "
+                f"compile the whole model (torch.compile(model)) for reuse_steps, or drop {shared[0].split('=')[0]}")
+        call.regional = True
+        if self.downsampling:  # what the blocks' downsampling would read on the host, read here (eager)
+            call.down_grid = self.layout.host_downsample_grid(call, self.host)
+        device = getattr(latent, self.device_attr or "device", None)
+        if self.rows_on != device:
+            for index, entry in enumerate(self.entries):
+                entry.row = self.host.index_tensor(index, latent)
+            self.rows_on = device
+        if not self.exits_seated:
+            for entry in self.entries:
+                if entry.link is not None:
+                    entry.link.post = entry.post
+            self.exits_seated = True
 
     def _band(self, module: Any) -> Optional[Band]:
         """This call's band rule: a context-parallel rank's own band, bands=P's every band, or None."""
