@@ -176,3 +176,31 @@ def test_a_compile_that_fails_leaves_nothing_behind():
     finally:
         tomesd.remove_patch(first)
         tomesd.remove_patch(other)
+
+
+@pytest.mark.parametrize("setting", [dict(share_across_blocks=True), dict(reuse_steps=2), dict(restore_tokens=True,
+                                                                                                 reuse_steps=3)])
+def test_matchings_kept_across_blocks_or_steps_are_refused_by_name(setting):
+    """What hands matchings from block to block or step to step through Python state cannot cross the edges of blocks
+    compiled on their own: refused at apply_patch when the blocks are compiled already, else at the first call that
+    finds them compiled, before anything changes, naming what works."""
+    import tiny_torch as T
+
+    x, t, c = T.unet_inputs()
+    unet = T.unet()
+    with torch.no_grad():
+        plain = unet(x, t, c).sample
+    unet.compile_repeated_blocks(fullgraph=True, backend="eager")
+    with pytest.raises(ValueError, match=r"compile_repeated_blocks.*compile the whole model"):
+        tomesd.apply_patch(unet, ratio=0.5, **setting)
+    assert all(not m._forward_pre_hooks and "forward" not in vars(m) for m in unet.modules())
+    unet = T.unet()
+    tomesd.apply_patch(unet, ratio=0.5, **setting)
+    unet.compile_repeated_blocks(fullgraph=True, backend="eager")
+    try:
+        with torch.no_grad(), pytest.raises(ValueError, match=r"patch without (share_across_blocks|reuse_steps)"):
+            unet(x, t, c)
+    finally:
+        tomesd.remove_patch(unet)
+    with torch.no_grad():
+        assert torch.equal(unet(x, t, c).sample, plain)

@@ -106,10 +106,28 @@ def check_downsample_way(attn: Any, way: Any, block_name: str, host: Any) -> Non
         check_dispatch(attn, block_name, host)
 
 
+def check_blocks_compiled_alone(patch: Any) -> None:
+    """Refuse what keeps matchings across blocks or steps through Python state, which blocks compiled on their own
+    (diffusers' compile_repeated_blocks: ToMePatch.regional_call) cannot hand each other."""
+    args = patch.args
+    kept = [name for name, on in (("share_across_blocks=True", args.share_across_blocks),
+                                  (f"reuse_steps={args.reuse_steps}", args.steps_reused > 1),
+                                  ("restore_tokens=True", args.restore_tokens)) if on]
+    if kept:
+        raise ValueError(
+            f"{' and '.join(kept)} keep matchings across blocks or steps, which the blocks of "
+            f"{type(patch.root).__name__}, compiled each on its own (compile_repeated_blocks), cannot hand each other: "
+            f"compile the whole model instead (torch.compile(model); reuse_steps then needs the pipeline patched), or "
+            f"patch without {kept[0].split('=')[0]}")
+
+
 def validate(patch: Any) -> None:
     """Raise, before anything is changed, for a block whose merge could not be computed right."""
     args, name = patch.args, type(patch.root).__name__
     layout = patch.layout
+    compiled_blocks = getattr(patch.host, "compiled_blocks", None)
+    if compiled_blocks is not None and compiled_blocks(patch.blocks):
+        check_blocks_compiled_alone(patch)
     if args.mode == "downsample" and args.restore_tokens and not hasattr(patch.host, "add_inner_wrapper"):
         raise ValueError(
             f"restore_tokens with mode='downsample' reruns each downsampled attention inside its forward chain at a "

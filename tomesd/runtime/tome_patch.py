@@ -223,7 +223,7 @@ class ToMePatch:
             raise TypeError(f"ToMe found no '{self.latent_spec.name}' input in this call of {type(module).__name__}")
         self.layout.read(call, module, args, kwargs, self.layout.latent_shape(latent), self.latent_spec.name)
         if eager and host.compiled_blocks(self.blocks):
-            self.regional_call(call, module, latent)
+            self.regional_call(call, latent)
         call.band = self._band(module)
         if self.timestep_spec is not None:
             call.timestep = self.timestep_spec.get(args, kwargs)
@@ -243,20 +243,13 @@ class ToMePatch:
         if self.replay and eager and not host.grad_enabled():
             self.replay.clear()  # inference after training: nothing left to recompute
 
-    def regional_call(self, call: CallState, module: Any, latent: Any) -> None:
+    def regional_call(self, call: CallState, latent: Any) -> None:
         """An eager call whose blocks are compiled on their own (diffusers' compile_repeated_blocks): each block runs
         in a call of its own (CallState.for_block), which takes its random pattern's row from the block's index as a
         tensor on the device (a graph compiler would make a graph per block of an int), and leaves it at the block's
         exit. What shares work across blocks or steps through Python state cannot cross a compiled block's edge."""
-        args = self.args
-        shared = [name for name, on in (("share_across_blocks", args.share_across_blocks),
-                                         (f"reuse_steps={args.reuse_steps}", self.matcher.steps_reused > 1),
-                                         ("restore_tokens", args.restore_tokens)) if on]
-        if shared:
-            raise ValueError(
-                f"{', '.join(shared)} keep matchings across blocks or steps, which blocks of "
-                f"{type(module).__name__} compiled on their own (compile_repeated_blocks) cannot hand each other: "
-                f"compile the whole model (torch.compile(model)) for reuse_steps, or drop {shared[0].split('=')[0]}")
+        if not self.exits_seated:  # the first such call (apply_patch checked blocks compiled before it)
+            guards.check_blocks_compiled_alone(self)
         call.regional = True
         if self.downsampling:  # what the blocks' downsampling would read on the host, read here (eager)
             call.down_grid = self.layout.host_downsample_grid(call, self.host)
