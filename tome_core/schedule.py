@@ -17,7 +17,7 @@ _MERGE_DEFAULTS = dict(ratio=0.5, sx=2, sy=2, use_rand=True, merge_attn=True, me
                        merge_mlp=False, share_across_blocks=False, st=1, bands=1)
 _DOWNSAMPLE_DEFAULTS = dict(downsample_factor=2, downsample_method="nearest")
 # Either mode. In downsample mode reuse_steps only sets restore_tokens' window: nothing else is reused there.
-_COMMON_DEFAULTS = dict(proportional_attention=False, reuse_steps=1, restore_tokens=False)
+_COMMON_DEFAULTS = dict(proportional_attention=False, reuse_steps=1, restore_tokens=False, kept_sizes=16)
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,10 @@ class ToMeArgs:
     # downsample mode each downsampled attention keeps, at that step, its output with every key minus its output
     # with the downsampled keys, and the window's later steps add it to what they compute.
     restore_tokens: Optional[bool] = None
+    # What a patch keeps across calls per input size and device (index constants, plans): for at most this many
+    # recent ones, so a process serving many sizes for weeks holds a bounded amount (16: a UI's usual buckets). A
+    # size that comes back rebuilds its constants.
+    kept_sizes: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.ratio_schedule is not None:
@@ -101,6 +105,9 @@ class ToMeArgs:
         for name, default in {**own, **_COMMON_DEFAULTS}.items():
             if getattr(self, name) is None:
                 object.__setattr__(self, name, default)
+        if not _is_int(self.kept_sizes) or self.kept_sizes < 1:
+            raise ValueError(f"kept_sizes must be a positive int (the input sizes and devices whose constants a patch "
+                             f"keeps across calls), got {self.kept_sizes!r}")
         if not isinstance(self.proportional_attention, bool):
             raise ValueError(f"proportional_attention must be True or False, got {self.proportional_attention!r}")
         if self.max_downsample is not None and (not _is_int(self.max_downsample) or self.max_downsample < 1):

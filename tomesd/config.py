@@ -57,7 +57,7 @@ class ToMeConfig(_Config):
     """mode="merge": exact ToMe. None takes the default in `ToMeConfig.DEFAULTS`: ratio 0.5, sx = sy = 2,
     use_rand True, merge_attn True, merge_crossattn False, merge_mlp False, reuse_steps 1,
     share_across_blocks False, st 1, bands 1, restore_tokens False,
-    proportional_attention False; max_downsample None (the finest level that has attention), seed
+    proportional_attention False, kept_sizes 16; max_downsample None (the finest level that has attention), seed
     None (tome_core.DEFAULT_SEED), blocks None (every block), ratio_schedule None (a constant ratio).
     See `tomesd.apply_patch` for what each setting does.
     """
@@ -82,13 +82,14 @@ class ToMeConfig(_Config):
     bands: Optional[int] = None
     restore_tokens: Optional[bool] = None
     proportional_attention: Optional[bool] = None
+    kept_sizes: Optional[int] = None
 
 
 @dataclass(frozen=True, kw_only=True)
 class ToDoConfig(_Config):
     """mode="downsample": self-attention's keys and values from the block's token grid downsampled by
     downsample_factor per side. None takes the default in `ToDoConfig.DEFAULTS`: downsample_factor 2,
-    downsample_method "nearest", proportional_attention False, reuse_steps 1, restore_tokens False; max_downsample
+    downsample_method "nearest", proportional_attention False, reuse_steps 1, restore_tokens False, kept_sizes 16; max_downsample
     None (the finest level that has attention), blocks None (every block).
     """
 
@@ -102,6 +103,7 @@ class ToDoConfig(_Config):
     proportional_attention: Optional[bool] = None
     reuse_steps: Optional[int] = None
     restore_tokens: Optional[bool] = None
+    kept_sizes: Optional[int] = None
 
 
 CONFIGS = (ToMeConfig, ToDoConfig)

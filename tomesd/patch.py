@@ -33,6 +33,7 @@ def apply_patch(
     bands: Optional[int] = None,
     proportional_attention: Optional[bool] = None,
     restore_tokens: Optional[bool] = None,
+    kept_sizes: Optional[int] = None,
     config: Optional[Union[ToMeConfig, ToDoConfig]] = None,
 ) -> Any:
     """Patch every denoiser of `model` (UNets and ControlNets, never the VAE) to reduce the tokens
@@ -100,6 +101,9 @@ def apply_patch(
       the first step of each window of k runs every key, and each downsampled attention keeps its output minus
       its output with the downsampled keys (it runs twice there), which the window's later steps add to theirs.
       Eager, PyTorch models.
+    kept_sizes (16), either mode: what the patch keeps across calls per input size and device (index constants,
+      plans) is kept for at most this many recent ones; a size that comes back rebuilds its own. A server that
+      sees many sizes holds a bounded amount.
     Raises, with `model` unchanged: ValueError naming the argument for a bad argument (including
     one the chosen mode has no use for, and any setting given beside `config`); TypeError for a
     `config` that is not a ToMeConfig / ToDoConfig, or an object ToMe cannot patch.
@@ -109,7 +113,7 @@ def apply_patch(
         merge_crossattn=merge_crossattn, merge_mlp=merge_mlp, seed=seed, mode=mode,
         downsample_factor=downsample_factor, downsample_method=downsample_method, reuse_steps=reuse_steps,
         share_across_blocks=share_across_blocks, blocks=blocks, st=st, ratio_schedule=ratio_schedule, bands=bands,
-        proportional_attention=proportional_attention, restore_tokens=restore_tokens,
+        proportional_attention=proportional_attention, restore_tokens=restore_tokens, kept_sizes=kept_sizes,
     )
     return targets.apply(model, resolve(config, settings))[0]
 

@@ -14,6 +14,7 @@ transformer_options on the host (one read per call, eager); without them the wra
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..runtime.tome_patch import ToMePatch
@@ -38,7 +39,9 @@ class ComfyToMe:
 
     def __init__(self, args: Any, start: float = 0.0, stop: float = 1.0) -> None:
         self.args, self.start, self.stop = args, start, stop
-        self._patches: Dict[int, Tuple[Any, ToMePatch]] = {}  # id(diffusion model) -> (model, patch)
+        # id(diffusion model) -> (model, patch), the args.kept_sizes most recently used ones (a workflow's clone sees
+        # one model; a server swapping models holds no more than these)
+        self._patches: "OrderedDict[int, Tuple[Any, ToMePatch]]" = OrderedDict()
         self._lock = threading.Lock()
 
     def prepare(self, net: Any) -> ToMePatch:
@@ -48,6 +51,9 @@ class ComfyToMe:
             if held is None or held[0] is not net:
                 (patch,) = build_patches(net, self.args)
                 held = self._patches[id(net)] = (net, patch)
+                if len(self._patches) > self.args.kept_sizes:
+                    self._patches.popitem(last=False)
+            self._patches.move_to_end(id(net))
             return held[1]
 
     @property

@@ -22,7 +22,7 @@ class CallState:
     __slots__ = ("grid", "coords", "ids", "tail", "head", "timestep", "key", "draws", "finest_level", "merges",
                  "pending", "shared", "step", "ratio", "watch", "band", "restore", "restoring", "unified", "partitions",
                  "memo", "idle", "outer", "grid_tokens",
-                 "images", "eager", "xp", "rotary", "regional", "row", "down_grid")
+                 "images", "eager", "xp", "rotary", "regional", "row", "down_grid", "plans")
 
     def __init__(self) -> None:
         # The layout's reading of this call's token grid, from shapes only (tomesd/layouts/): the latent's
@@ -46,9 +46,13 @@ class CallState:
         self.draws: Dict[int, Any] = {}  # cells per block -> [blocks, cells] dst places
         # Every block's partition of a grid (or of the coordinates), made at the call's first block on it
         self.partitions: Dict[Any, Any] = {}
-        # Index constants by shape (tome_core's Matching): the patch's own dict in eager mode, kept across calls;
-        # a fresh one while a graph compiler traces (a traced tensor must not outlive its trace)
+        # Index constants by shape (tome_core's Matching): the patch's own dict for this size and device in eager mode,
+        # kept across calls (runtime/kept.py); a fresh one while a graph compiler traces (a traced tensor must not
+        # outlive its trace)
         self.memo: Dict[Any, Any] = {}
+        # Each block's plan by the shapes it was made for (Matcher._plan): the patch's own for this size, kept across
+        # eager calls (runtime/kept.py); a traced call plans as it traces and keeps none
+        self.plans: Dict[Any, Any] = {}
         # Blocks the layout found at a level ToMe never merges (the UNets' level rule): their hooks come off
         # after the call (ToMePatch.park)
         self.idle: List[int] = []

@@ -17,6 +17,7 @@ from tome_core import band_coordinate_merges, band_range, banded_coordinate_merg
 
 from .calls import BlockMerge, CallState
 from .guards import CHUNKED_FF
+from .kept import KeptBySize
 from .restore import CallRestore
 from .reuse import TimestepSteps
 
@@ -36,18 +37,18 @@ class Matcher:
         # break left `_offsets` to a resume function).
         self.steps_reused, self.reuses, self.seed = args.steps_reused, args.reuses, args.rand_seed
         self.steps = TimestepSteps()  # a bare model's steps and kept matchings (reuse_steps > 1)
-        self.memo: Dict[Any, Any] = {}  # index constants by shape and device, for eager calls (CallState.memo)
-        self.plans: Dict[Any, Any] = {}  # each block's plan by the shapes it was made for (_plan)
+        # Index constants and each block's plans, per size and device, for eager calls (CallState.memo and .plans)
+        self.kept = KeptBySize(args.kept_sizes)
         # The attribute naming a tensor's device, where the host gives one (read by the builtin getattr: no Python
         # frame, and traceable): a block on the partition table's device then skips on_device_of
         self.device_attr = getattr(patch.host, "device_attr", None)
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "memo": {}, "plans": {}}  # copies build their own constants and plans
+        return {**self.__dict__, "kept": KeptBySize(self.kept.limit)}  # copies build their own constants and plans
 
     def reset(self) -> None:
         self.steps = TimestepSteps()  # drops this patch's kept matchings in every thread
-        self.memo, self.plans = {}, {}
+        self.kept = KeptBySize(self.kept.limit)
 
     def denoising_step(self, timestep: Any) -> int:
         """This thread's denoising step number on a bare model: it advances when the timestep's value changes."""
@@ -103,7 +104,7 @@ class Matcher:
         if call.eager:
             key = (f"{index} {batch} {num_tokens} {bands} {call.ratio} {call.finest_level} "
                    f"{call.grid if patch.layout.plans_by_grid else None}")
-            kept = self.plans.get(key)
+            kept = call.plans.get(key)
         if kept is None:
             plan = self._plan(index, call, batch, num_tokens, bands, key)
         else:
@@ -149,9 +150,10 @@ class Matcher:
         plan = self.patch.layout.plan(self.patch.args, call, batch, num_tokens, index, bands)
         if key is None:  # a traced call: nothing kept
             return plan
-        if len(self.plans) > 65536:  # a ratio schedule's every ratio: bounded all the same
-            self.plans.clear()
-        self.plans[key] = (plan, call.finest_level, len(call.idle) > idle)
+        plans = call.plans
+        if len(plans) > 65536:  # a ratio schedule's every ratio at one size: bounded all the same
+            plans.clear()
+        plans[key] = (plan, call.finest_level, len(call.idle) > idle)
         return plan
 
     def _kept_or_matched(self, index: int, key: Any, x: Any, plan: Any, call: CallState, grad: bool) -> Any:

@@ -213,7 +213,6 @@ class ToMePatch:
         self.calls.push(call, eager)
         call.xp = self.eager_xp if eager else self.xp
         if eager:
-            call.memo = self.matcher.memo  # index constants kept across calls (a traced call builds its own)
             if self.observers:
                 call.watch = CallWatch(self.observers, type(module).__name__)
             if self.seam is not None:
@@ -221,7 +220,11 @@ class ToMePatch:
         latent = self.latent_spec.get(args, kwargs)
         if latent is None:
             raise TypeError(f"ToMe found no '{self.latent_spec.name}' input in this call of {type(module).__name__}")
-        self.layout.read(call, module, args, kwargs, self.layout.latent_shape(latent), self.latent_spec.name)
+        shape = self.layout.latent_shape(latent)
+        self.layout.read(call, module, args, kwargs, shape, self.latent_spec.name)
+        if eager:  # index constants and plans kept across calls, per size and device (a traced call makes its own)
+            kept = self.matcher.kept.of((tuple(shape), getattr(latent, self.device_attr or "device", None)))
+            call.memo, call.plans = kept.memo, kept.plans
         if eager and host.compiled_blocks(self.blocks):
             self.regional_call(call, latent)
         call.band = self._band(module)
