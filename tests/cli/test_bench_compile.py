@@ -47,3 +47,20 @@ def test_eager_rows_have_no_compile_time(tmp_path):
     assert doc["settings"]["compile"] is False
     assert all(r["compile_s"] is None and r["compiled_vs_eager"] is None for r in doc["results"])
     assert all(r["tome_time_s"] is not None for r in doc["results"])
+
+
+def test_regionally_compiled_bench_runs_each_configuration_as_compiled(tmp_path, capsys):
+    """--compile-regional: the repeated blocks of each configuration's copy compiled on their own, equal to its eager
+    forward (the blocks' shared code serves no configuration another's graph)."""
+    out_json = tmp_path / "r.json"
+    argv = ["--config", "tiny", "--res", "128", "--compile", "--compile-regional", "--compile-backend", "aot_eager",
+            "--repeats", "1", "--warmup", "0", "--no-memory", "--ratios", "0.5", "--modes", "merge,downsample",
+            "--json", str(out_json)]
+    assert bench(argv) == 0
+    assert "compile_repeated_blocks(backend='aot_eager')" in capsys.readouterr().out
+    doc = json.loads(out_json.read_text())
+    rows = {(r["method"], r["ratio"]): r for r in doc["results"]}
+    assert {("baseline", None), ("tome", 0.5), ("tome", None)} <= set(rows)  # ("tome", None): mode="downsample"
+    for row in rows.values():
+        assert row["compile_s"] > 0 and row["compiled_vs_eager"] < 1e-4
+    assert rows[("tome", 0.5)]["output_change"] > 0.01 and rows[("tome", None)]["output_change"] > 0.01

@@ -109,6 +109,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", action="store_true",
                         help="torch, eager: also profile one forward of the baseline, each ToMe ratio and the "
                              "reference (torch.profiler): the ops that cost most, device time on a GPU")
+    parser.add_argument("--compile-regional", action="store_true",
+                        help="with --compile: compile each repeated block on its own, as diffusers recommends "
+                             "(model.compile_repeated_blocks(fullgraph=True)), not the whole model")
     parser.add_argument("--compile-mode", choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"],
                         default=None, help="inductor's mode with --compile: reduce-overhead replays each "
                                            "configuration as CUDA graphs (CUDA only)")

@@ -102,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
     n_configs = len(configurations(settings))
     cpu_memory = not kit.on_gpu() and not args.no_memory
     total = n_configs * (settings.warmup + settings.repeats + 1 + (1 if cpu_memory else 0) + (1 if settings.compile else 0))
-    compiled = (f", torch.compile(backend={settings.compile_backend!r}"
+    compiled = ((", compile_repeated_blocks(" if settings.compile_regional else ", torch.compile(")
+                + f"backend={settings.compile_backend!r}"
                 + (f", mode={settings.compile_mode!r})" if settings.compile_mode else ")") if settings.compile else "")
 
     model_name = _model_name(settings)

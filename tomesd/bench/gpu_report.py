@@ -33,6 +33,7 @@ STEPS = 8  # denoising steps in the cache runs
 BUDGET_S = 540.0
 EAGER = ("--repeats", "5", "--warmup", "2")
 COMPILED = ("--repeats", "5", "--warmup", "1", "--modes", "merge")  # each configuration compiles: ToMe beside the baseline
+REGIONAL = ("--repeats", "5", "--warmup", "1", "--ratios", "0.5,0.75", "--modes", "merge,merge-mlp,merge-prop,downsample")
 LOOP = ("--steps", str(STEPS), "--modes", "merge", "--repeats", "3", "--warmup", "1")
 
 
@@ -63,6 +64,12 @@ def entries() -> List[Entry]:
         _run("SD3 1024²", 15, "sd3", "1024", half, *EAGER),
         _run(flux_title, 15, "flux", "1024", bf16, *flux, *EAGER, *profiled),
         _run("Wan 480x832, 17 frames", 20, "wan", "480x832", bf16, *EAGER),
+        # Regional compilation, as diffusers recommends it (issue 59): each repeated block compiled on its own, beside
+        # the whole-model compiles below; SD3 declares no repeated blocks. Merge and downsample, proportional attention.
+        _run("SD1.5 1024² regional", 70, "sd1", "1024", half, "--compile", "--compile-regional", *REGIONAL),
+        _run("SDXL 1024² regional", 90, "sdxl", "1024", half, "--compile", "--compile-regional", *REGIONAL),
+        _run(f"{flux_title} regional", 70, "flux", "1024", bf16, *flux, "--compile", "--compile-regional", *REGIONAL),
+        _run("Wan 480x832 regional", 70, "wan", "480x832", bf16, "--compile", "--compile-regional", *REGIONAL),
         _run("SD1.5 1024² compiled", 120, "sd1", "1024", half, "--compile", *COMPILED, *ref),
         _run("SD1.5 512² CUDA graphs", 110, "sd1", "512", half, "--compile", "--compile-mode", "reduce-overhead",
              *COMPILED),

@@ -126,6 +126,9 @@ def prepare(args: argparse.Namespace) -> Prepared:
         raise BadModelPath(f"--model {args.model!r}: no such folder")
     if args.compile_backend is not None and not args.compile:
         raise ValueError("--compile-backend goes with --compile")
+    regional = getattr(args, "compile_regional", False)
+    if regional and not args.compile:
+        raise ValueError("--compile-regional goes with --compile")
     compile_mode = getattr(args, "compile_mode", None)
     if compile_mode is not None and not args.compile:
         raise ValueError("--compile-mode goes with --compile")
@@ -181,7 +184,7 @@ def prepare(args: argparse.Namespace) -> Prepared:
         max_downsample=args.max_downsample, dtype=args.dtype, device=args.device, repeats=args.repeats,
         warmup=max(args.warmup, 0), compare=args.compare, seed=args.seed,
         compile=args.compile, compile_backend=args.compile_backend or "inductor",
-        compile_mode=None if compile_mode in (None, "default") else compile_mode,
+        compile_mode=None if compile_mode in (None, "default") else compile_mode, compile_regional=regional,
         modes=tuple(modes), reuse_steps=tuple(reuse), downsample_factor=args.downsample_factor,
         downsample_method=args.downsample_method, steps=1 if args.model is not None else (args.steps or 1),
         caches=picked_caches, frames=args.frames or arch.frames or 16,

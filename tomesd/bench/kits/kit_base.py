@@ -53,7 +53,7 @@ class _Kit:
             self.apply_reference(model, config.ratio, settings.max_downsample or 1)
         return model
 
-    def compile(self, model: Any, backend: str) -> Any:
+    def compile(self, model: Any, backend: str, mode: Optional[str] = None, regional: bool = False) -> Any:
         raise MissingBackend(f"--compile needs torch (torch.compile); the {self.name} backend has none here")
 
     def machinery(self) -> Dict[str, List[Tuple[Any, str]]]:

@@ -158,7 +158,7 @@ class TorchKit(_Kit):
     def compile_backends(self) -> List[str]:
         return list(self.torch._dynamo.list_backends(exclude_tags=()))
 
-    def compile(self, model: Any, backend: str, mode: Optional[str] = None) -> Any:
+    def compile(self, model: Any, backend: str, mode: Optional[str] = None, regional: bool = False) -> Any:
         """torch.compile of one configuration, isolated from the others. Dynamo caches compiled code
         per code object, and every configuration runs the same UNet code: compiled directly, a patched
         copy was served the graph traced for the unpatched baseline (torch 2.13: its output was the
@@ -169,14 +169,23 @@ class TorchKit(_Kit):
 
         `mode` is inductor's ("reduce-overhead": the graph replayed as CUDA graphs). Each configuration's
         graphs are then their own CUDA-graph tree and the bench calls them in turn, so every call begins a
-        new step (torch.compiler.cudagraph_mark_step_begin) and its output is copied before the next."""
+        new step (torch.compiler.cudagraph_mark_step_begin) and its output is copied before the next.
+
+        `regional`: the repeated blocks of a copy of the model compiled each on its own (diffusers'
+        compile_repeated_blocks), the rest eager. The blocks' code is shared by every configuration's copy; their graphs are told apart by their guards
+        (ToMe's links are on the patched copies' blocks only), which the compiled-vs-eager check shows."""
         import types
 
-        self._entries = getattr(self, "_entries", 0) + 1
-        code = _call_model.__code__.replace(co_name=f"{_call_model.__name__}_{self._entries}")
         options = {} if mode is None else {"mode": mode}
-        entry = self.torch.compile(types.FunctionType(code, _call_model.__globals__), backend=backend, fullgraph=True,
-                                   **options)
+        if regional:  # on a copy of its own (patch and weights shared): compiled in place, the eager copy stays eager
+            model = self.share_copy(model)
+            model.compile_repeated_blocks(fullgraph=True, backend=backend, **options)
+            entry = _call_model
+        else:
+            self._entries = getattr(self, "_entries", 0) + 1
+            code = _call_model.__code__.replace(co_name=f"{_call_model.__name__}_{self._entries}")
+            entry = self.torch.compile(types.FunctionType(code, _call_model.__globals__), backend=backend,
+                                       fullgraph=True, **options)
         if mode == "reduce-overhead":
             mark_step = self.torch.compiler.cudagraph_mark_step_begin
 

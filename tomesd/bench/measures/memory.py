@@ -63,7 +63,7 @@ def probe(spec: Dict[str, Any]) -> int:
     if settings.compile:  # the compiled forward's peak, after its compilation
         with kit.compile_settings(1):
             copy = kit.patched_copy(model, config, settings)
-            compiled = kit.compile(copy, settings.compile_backend, settings.compile_mode)
+            compiled = kit.compile(copy, settings.compile_backend, settings.compile_mode, settings.compile_regional)
             kit.forward(compiled, inputs)
             _reset_peak()
             kit.forward(compiled, inputs)

@@ -37,6 +37,7 @@ class Settings:
     compile: bool = False  # torch.compile one model object per configuration
     compile_backend: str = "inductor"
     compile_mode: Optional[str] = None  # inductor's mode: "reduce-overhead" replays CUDA graphs
+    compile_regional: bool = False  # each repeated block compiled on its own (compile_repeated_blocks)
     modes: Tuple[str, ...] = ("merge",)
     reuse_steps: Tuple[int, ...] = (1,)  # merge rows per ratio, one per value
     downsample_factor: int = 2
@@ -180,7 +181,8 @@ def _measure(settings: Settings, kit: Any, model: Any, loop: List[Tuple[Any, ...
             if cfg not in rows:  # a reference already left out
                 continue
             eager[cfg] = kit.patched_copy(model, cfg, settings)
-            compiled[cfg] = kit.compile(eager[cfg], settings.compile_backend, settings.compile_mode)
+            compiled[cfg] = kit.compile(eager[cfg], settings.compile_backend, settings.compile_mode,
+                                        settings.compile_regional)
             try:
                 rows[cfg].compile_s = timed(kit, lambda: kit.forward(compiled[cfg], inputs))
             except Exception as exc:  # noqa: BLE001 - dynamo raises many kinds
