@@ -78,7 +78,8 @@ def test_a_config_holds_the_settings_apply_patch_builds_with_the_defaults_visibl
     assert (todo.mode, todo.downsample_factor, todo.downsample_method) == ("downsample", 2, "nearest")
     assert dict(ToMeConfig.DEFAULTS) == {name: getattr(merge, name) for name in ToMeConfig.DEFAULTS}
     assert dict(ToDoConfig.DEFAULTS) == {"downsample_factor": 2, "downsample_method": "nearest",
-                                        "proportional_attention": False, "reuse_steps": 1, "restore_tokens": False}
+                                        "proportional_attention": False, "reuse_steps": 1, "restore_tokens": False,
+                                        "kept_sizes": 16}
     # Fields None mean the default, as apply_patch's arguments do.
     assert all(getattr(ToMeConfig(), f.name) is None for f in dataclasses.fields(ToMeConfig))
     # Sequences kept as ToMeArgs normalises them; equal settings, equal configs.

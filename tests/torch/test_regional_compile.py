@@ -97,29 +97,40 @@ def test_blocks_compiled_on_their_own_run_one_graph_set_and_equal_eager(name, mo
 
 
 def _deep(kind, depth):
-    """A tiny model of `kind` whose repeated blocks come `depth` times as often (same classes, same shapes)."""
+    """A tiny model of `kind` whose repeated blocks come `depth` times as often (same classes, same shapes), its
+    inputs, its forward, and the settings it is patched with besides the mode's."""
     import tiny_torch as T
 
     if kind == "unet":
-        return T.unet(dict(T.SD1_UNET, layers_per_block=depth)), T.unet_inputs(), lambda m, x: m(*x).sample
-    if kind == "flux":
+        return T.unet(dict(T.SD1_UNET, layers_per_block=depth)), T.unet_inputs(), lambda m, x: m(*x).sample, {}
+    if kind.startswith("flux"):
         from diffusers import FluxTransformer2DModel
 
         model = T.randomize_(FluxTransformer2DModel(**dict(T.FLUX, num_layers=2 * depth, num_single_layers=2 * depth)))
-        return model, T.flux_inputs(), lambda m, x: m(**x).sample
-    return T.wan(num_layers=2 * depth), T.wan_inputs(), lambda m, x: m(**x).sample
+        # flux-blocks: one block picked by index (blocks=), the others left alone
+        return model, T.flux_inputs(), lambda m, x: m(**x).sample, dict(blocks=[1]) if kind == "flux-blocks" else {}
+    if kind == "z-image":  # blocks in three sections of its sequence (refiners and main layers)
+        import tiny_unified_families as U
+        from diffusers import ZImageTransformer2DModel
+
+        model = T.randomize_(ZImageTransformer2DModel(**dict(U.ZIMAGE, n_layers=2 * depth, n_refiner_layers=depth)))
+        return model, U.z_image_inputs(), lambda m, x: U.z_image_run(m, x), {}
+    return T.wan(num_layers=2 * depth), T.wan_inputs(), lambda m, x: m(**x).sample, {}
 
 
-@pytest.mark.parametrize("mode", ["merge", "downsample"])
-@pytest.mark.parametrize("kind", ["unet", "flux", "wan"])
+GROWTH = [(kind, mode) for kind in ("unet", "flux", "flux-blocks", "wan", "z-image") for mode in ("merge", "downsample")
+          if (kind, mode) != ("z-image", "downsample")]  # Z-Image refuses downsampling by name
+
+
+@pytest.mark.parametrize("kind,mode", GROWTH)
 def test_the_graphs_do_not_grow_with_the_blocks(kind, mode):
-    """One graph set serves every block of a kind at a shape: a model with twice the blocks compiles as many graphs
+    """One graph set serves every block of a class at a shape: a model with twice the blocks compiles as many graphs
     (a graph per block, were a block's index read as a constant, would double them)."""
     graphs = []
     for depth in (1, 2):
         torch._dynamo.reset()
-        model, inputs, run = _deep(kind, depth)
-        tomesd.apply_patch(model, **(dict(ratio=0.5) if mode == "merge" else dict(mode="downsample")))
+        model, inputs, run, extra = _deep(kind, depth)
+        tomesd.apply_patch(model, **(dict(ratio=0.5) if mode == "merge" else dict(mode="downsample")), **extra)
         backend = CountingBackend()
         model.compile_repeated_blocks(fullgraph=True, backend=backend)
         try:
@@ -129,6 +140,36 @@ def test_the_graphs_do_not_grow_with_the_blocks(kind, mode):
             tomesd.remove_patch(model)
         graphs.append(backend.graphs)
     assert graphs[0] == graphs[1]
+
+
+def test_concurrent_calls_of_a_regionally_compiled_patch_each_merge_as_alone():
+    """Blocks compiled on their own find their call without reading a thread's stack, so the calls of such a patch
+    take turns (a lock from the root's entry to its exit): threads calling at once each get eager ToMe's output."""
+    import tiny_torch as T
+    from threads import run_in_threads
+
+    unet = T.unet()
+    inputs = [T.unet_inputs(seed=s) for s in range(3)]
+    tomesd.apply_patch(unet, ratio=0.5)
+    try:
+        with torch.no_grad():
+            eager = [unet(*x).sample for x in inputs]
+            unet.compile_repeated_blocks(fullgraph=True, backend="eager")
+            unet(*inputs[0])
+
+            def job(i, sync):
+                outs = []
+                for _ in range(2):
+                    sync()
+                    with torch.no_grad():
+                        outs.append(unet(*inputs[i]).sample)
+                return outs
+
+            results = run_in_threads(job, count=3)
+    finally:
+        tomesd.remove_patch(unet)
+    for i, outs in results.items():
+        assert all(torch.allclose(out, eager[i], rtol=0, atol=TOL) for out in outs)
 
 
 def test_a_compile_that_fails_leaves_nothing_behind():

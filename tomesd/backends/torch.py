@@ -153,7 +153,7 @@ class TorchHost:
         import torch._dynamo  # loaded already where blocks are compiled
 
         tensor = torch.tensor([index], dtype=torch.int64, device=like.device)
-        torch._dynamo.mark_static_address(tensor)
+        torch._dynamo.mark_static_address(tensor, guard=False)  # guarded by address, every block would be a graph
         return tensor
 
     def named_modules(self, module: torch.nn.Module) -> Iterator[Tuple[str, torch.nn.Module]]:

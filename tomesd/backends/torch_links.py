@@ -42,7 +42,9 @@ class InnerLink:
                  inner: Callable, wrap: Optional[Callable] = None) -> None:
         self.module, self.pre, self.post, self.owner, self.wrap = module, pre, post, owner, wrap
         call = InnerLink.__call__
-        self.forward = MethodType(FunctionType(call.__code__, call.__globals__, "__call__"), self)
+        own = FunctionType(call.__code__, call.__globals__, "__call__")
+        own.link = self  # a copy's forward shares this function (deepcopy) or is the class's (pickle): not its own
+        self.forward = MethodType(own, self)
         self.inner = inner
 
     @property
@@ -52,6 +54,9 @@ class InnerLink:
     @inner.setter
     def inner(self, inner: Callable) -> None:
         self._inner = inner
+        own = self.forward.__func__
+        if own.__dict__.get("link") is not self:
+            return  # a copy's: it keeps the signature it was made with
         try:  # the signature of the rest of the chain, behind the bound method's own first parameter
             signature = inspect.signature(inner)
             own = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)]

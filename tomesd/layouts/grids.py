@@ -64,6 +64,11 @@ class Layout:
         """(frames, rows, cols) of the image tokens mode='downsample' shrinks, each frame on its own."""
         return 1, plan.h, plan.w
 
+    def block_class(self, index: int) -> Any:
+        """What this layout tells of block `index` that its plan or token placing reads (blocks alike share it): the
+        first block of each class stands in for the others in blocks compiled on their own (CallState.like)."""
+        return None
+
     def host_downsample_grid(self, call: Any, host: Any) -> Optional[Tuple[int, int, int]]:
         """downsample_grid where it reads the host (the latent's shape does not give it), read by an eager root for
         its blocks compiled on their own (call.down_grid); None where the shapes give it."""

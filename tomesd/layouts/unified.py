@@ -129,3 +129,6 @@ class Unified(SpaceTime):
     def plan(self, args: Any, call: Any, batch: int, num_tokens: int, index: int, bands: int = 1) -> Any:
         return super().plan(args, call, batch, num_tokens, index, bands) if self.sections[index] else None
 
+    def block_class(self, index: int) -> Any:
+        return self.sections[index]
+

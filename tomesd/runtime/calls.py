@@ -22,7 +22,7 @@ class CallState:
     __slots__ = ("grid", "coords", "ids", "tail", "head", "timestep", "key", "draws", "finest_level", "merges",
                  "pending", "shared", "step", "ratio", "watch", "band", "restore", "restoring", "unified", "partitions",
                  "memo", "idle", "outer", "grid_tokens",
-                 "images", "eager", "xp", "rotary", "regional", "row", "down_grid", "plans")
+                 "images", "eager", "xp", "rotary", "regional", "row", "down_grid", "plans", "like")
 
     def __init__(self) -> None:
         # The layout's reading of this call's token grid, from shapes only (tomesd/layouts/): the latent's
@@ -71,6 +71,10 @@ class CallState:
         # A block's own call: the block's index as an int64 [1] tensor on the device (its random pattern's row), which
         # a graph compiler takes as an input, not as a constant (one graph serves every block); None elsewhere
         self.row: Any = None
+        # A block's own call: the first block like this one (its kind, what its layout tells of it, whether `blocks`
+        # picks it), whose index stands in for this block's wherever a plan or layout reads one: a graph per such
+        # class of blocks, not per block
+        self.like: Optional[int] = None
         # mode='downsample''s (frames, rows, cols) where the latent's shape does not give them (Flux's ids): read on the
         # host by the eager root of blocks compiled on their own (ToMePatch.regional_call), for the blocks to take
         self.down_grid: Any = None
@@ -90,13 +94,13 @@ class CallState:
 
 
     @classmethod
-    def for_block(cls, outer: "CallState", xp: Any, row: Any) -> "CallState":
+    def for_block(cls, outer: "CallState", xp: Any, row: Any, like: int) -> "CallState":
         """A call of one block inside the eager call `outer`, for a block compiled on its own: it reads what `outer`
         read from the root's inputs, computes everything else itself, and holds that one block's merge. Nothing in it
-        names the block's index (OneBlock ignores its keys; `row` is a tensor), so a compiled block's graph is the
-        same for every block of its kind and shape."""
+        names the block's index (OneBlock ignores its keys; `row` is a tensor; `like` is the first block like it), so a
+        compiled block's graph is the same for every block of its class and shape."""
         call = cls()
-        call.eager, call.xp, call.row, call.outer = False, xp, row, outer
+        call.eager, call.xp, call.row, call.outer, call.like = False, xp, row, outer, like
         call.grid, call.ids, call.tail, call.head = outer.grid, outer.ids, outer.tail, outer.head
         call.unified = dict(outer.unified)
         call.timestep, call.band, call.ratio, call.step = outer.timestep, outer.band, outer.ratio, outer.step

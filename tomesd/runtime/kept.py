@@ -7,6 +7,7 @@ have been seen, and rebuilt (the same values) when it comes back.
 """
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from typing import Any, Dict, Hashable
 
@@ -27,18 +28,26 @@ class KeptBySize:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._sizes: "OrderedDict[Hashable, SizeKept]" = OrderedDict()
+        self._lock = threading.Lock()
 
     def of(self, key: Hashable) -> SizeKept:
         """The constants of the size `key` (its latent's shape and device), made empty at its first call."""
-        sizes = self._sizes
-        kept = sizes.get(key)
-        if kept is None:
-            kept = sizes[key] = SizeKept()
-            if len(sizes) > self.limit:
-                sizes.popitem(last=False)
-        else:
-            sizes.move_to_end(key)
-        return kept
+        with self._lock:  # calls from several threads at once
+            sizes = self._sizes
+            kept = sizes.get(key)
+            if kept is None:
+                kept = sizes[key] = SizeKept()
+                if len(sizes) > self.limit:
+                    sizes.popitem(last=False)
+            else:
+                sizes.move_to_end(key)
+            return kept
+
+    def __getstate__(self) -> dict:
+        return {"limit": self.limit}  # a copy keeps no constants (they are rebuilt) and has a lock of its own
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["limit"])
 
     def __len__(self) -> int:
         return len(self._sizes)

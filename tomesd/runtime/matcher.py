@@ -44,7 +44,7 @@ class Matcher:
         self.device_attr = getattr(patch.host, "device_attr", None)
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "kept": KeptBySize(self.kept.limit)}  # copies build their own constants and plans
+        return self.__dict__  # copies build their own constants and plans (KeptBySize copies its limit alone)
 
     def reset(self) -> None:
         self.steps = TimestepSteps()  # drops this patch's kept matchings in every thread

@@ -57,6 +57,7 @@ class BlockEntry(SiteHook):
         self.link: Any = None  # where the host seated `pre` (its post is seated later: ToMePatch.regional_call)
         self.row: Any = None  # the block's index as a tensor on the device, for a block compiled on its own
         self.ways = patch.kinds[index].downsample  # read here, not by index (a traced block never reads it)
+        self.like = index  # the first block like this one (ToMePatch.install; CallState.like)
 
     def pre(self, module: Any, args: tuple, kwargs: dict) -> None:
         spec = self.spec  # InputSpec.get inline: every block of every call
@@ -67,7 +68,7 @@ class BlockEntry(SiteHook):
         if call is None:
             return  # replayed by checkpointing: the sub-layers use the replay record
         if call.regional:  # blocks compiled on their own: this block runs in a call of its own (exit: `post`)
-            call = CallState.for_block(call, patch.xp, self.row)
+            call = CallState.for_block(call, patch.xp, self.row, self.like)
             calls.enter_block(call)
         if patch.downsampling:
             checked = patch.checked_processors

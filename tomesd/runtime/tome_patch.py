@@ -15,6 +15,7 @@ inline (every Python call there is paid on every call).
 from __future__ import annotations
 
 import functools
+import threading
 import weakref
 from typing import Any, List, Optional
 
@@ -57,6 +58,8 @@ class RootHooks:
 
     def post(self, module: Any, args: tuple, output: Any) -> None:
         call = self.patch.calls.pop()
+        if call is not None and call.regional:
+            self.patch.regional_lock.release()
         if call is not None and call.idle and not self.patch.host.is_compiling():
             self.patch.park(call.idle)
         for seam in (self.patch.seam, self.patch.key_seam, self.patch.call_seam):
@@ -106,21 +109,22 @@ class ToMePatch:
         self.parked: set = set()  # blocks whose hooks park() took off
         self.checked_processors: dict = {}  # (block, attention) -> the processor downsampling last found fit
         self.entries: List[BlockEntry] = []  # each block's entry hook (install)
-        # Blocks compiled on their own (regional_call): the device their index tensors are on, and whether each
-        # entry's exit is seated
+        # Blocks compiled on their own (regional_call): (the device their index tensors are on,), None before any, and
+        # whether each entry's exit is seated
         self.rows_on: Any = None
         self.exits_seated = False
         self._init_runtime()
 
     def _init_runtime(self) -> None:
         self.calls = CallStacks(self.host)
+        self.regional_lock = threading.RLock()  # held by a call whose blocks are compiled on their own (enter_root)
         self.replay = Replay()
         self.observers: List[Any] = []  # observe.Observation objects recording this patch's calls
 
     # ---- copies: runtime state is per object and never copied ----
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        for name in ("calls", "replay", "observers"):
+        for name in ("calls", "replay", "observers", "regional_lock"):
             state.pop(name)
         return state
 
@@ -149,6 +153,7 @@ class ToMePatch:
             open_seam(self)
         add_hook(self, self.root, host.add_pre_hook, root_hooks.pre)
         add_hook(self, self.root, functools.partial(host.add_post_hook, always_call=True), root_hooks.post)
+        alike: dict = {}  # what tells blocks apart besides their random row -> the first such block (BlockEntry.like)
         for index, (block, kind) in enumerate(zip(self.blocks, self.kinds)):
             tokens = (InputSpec(kind.tokens[0], kind.token_position) if kind.token_position is not None
                       else InputSpec.find(block, kind.tokens, first_positional=True))
@@ -156,6 +161,8 @@ class ToMePatch:
             # Innermost in the block's forward chain, ahead of every other link of the patch there (torch: one Python
             # call a block, where a forward pre-hook costs torch three; else a forward pre-hook)
             entry_hook.link = around(self, block, entry_hook.pre, None)
+            chosen = self.args.blocks is None or index in self.args.blocks
+            entry_hook.like = alike.setdefault((self.kind_names[index], self.layout.block_class(index), chosen), index)
             self.entries.append(entry_hook)
             if self.args.mode == "downsample":
                 install_downsample(self, index, block, kind)
@@ -209,8 +216,14 @@ class ToMePatch:
     def enter_root(self, module: Any, args: tuple, kwargs: dict) -> None:
         host, call = self.host, CallState()
         eager = call.eager = not host.is_compiling()
-        # Pushed before any error: the always-called exit hook pops it even when this hook raises.
+        # Blocks compiled on their own find their call through `calls.innermost` alone (a trace reads no thread's
+        # stack): such calls of this patch run one at a time, each holding the lock until the exit hook releases it
+        regional = eager and host.compiled_blocks(self.blocks)
+        if regional:
+            self.regional_lock.acquire()
+        # Pushed before any error: the always-called exit hook pops it (and releases the lock) even when this raises.
         self.calls.push(call, eager)
+        call.regional = regional
         call.xp = self.eager_xp if eager else self.xp
         if eager:
             if self.observers:
@@ -225,7 +238,7 @@ class ToMePatch:
         if eager:  # index constants and plans kept across calls, per size and device (a traced call makes its own)
             kept = self.matcher.kept.of((tuple(shape), getattr(latent, self.device_attr or "device", None)))
             call.memo, call.plans = kept.memo, kept.plans
-        if eager and host.compiled_blocks(self.blocks):
+        if regional:
             self.regional_call(call, latent)
         call.band = self._band(module)
         if self.timestep_spec is not None:
@@ -253,14 +266,14 @@ class ToMePatch:
         exit. What shares work across blocks or steps through Python state cannot cross a compiled block's edge."""
         if not self.exits_seated:  # the first such call (apply_patch checked blocks compiled before it)
             guards.check_blocks_compiled_alone(self)
-        call.regional = True
         if self.downsampling:  # what the blocks' downsampling would read on the host, read here (eager)
             call.down_grid = self.layout.host_downsample_grid(call, self.host)
-        device = getattr(latent, self.device_attr or "device", None)
-        if self.rows_on != device:
+        like = latent[0] if isinstance(latent, (list, tuple)) else latent  # Z-Image: a list of latents
+        device = getattr(like, self.device_attr or "device", None)
+        if self.rows_on is None or self.rows_on[0] != device:
             for index, entry in enumerate(self.entries):
-                entry.row = self.host.index_tensor(index, latent)
-            self.rows_on = device
+                entry.row = self.host.index_tensor(index, like)
+            self.rows_on = (device,)
         if not self.exits_seated:
             for entry in self.entries:
                 if entry.link is not None:
@@ -328,6 +341,9 @@ class ToMePatch:
         """Block `index`'s merge in `call`, from its entry's input (`call.pending`), on the device of `like` (the
         tokens its first hooked sub-layer holds; None: where the input is)."""
         block, x, grad = call.pending.pop(index)  # grad: gradients were on when the block was entered
+        own = index
+        if call.row is not None:  # a block's own call: the first block like it stands in (CallState.for_block)
+            index = call.like
         attr = self.device_attr
         if like is not None and (attr is None or getattr(x, attr, None) != getattr(like, attr, None)):
             x = self.host.on_device_of(x, like)
@@ -349,5 +365,5 @@ class ToMePatch:
             watch.stop("downsample" if self.args.mode == "downsample" else "match", started)
             watch.used(index, self.kind_names[index], merge)
         if merge is not None and grad and not self.host.is_compiling():
-            self.replay.keep(index, merge)
+            self.replay.keep(own, merge)
 
