@@ -53,9 +53,21 @@ def _fail(where, block, attn, ff, run):
         hook.remove()
 
 
+def _downsamples_flux() -> bool:
+    """Flux downsamples at diffusers' attention dispatch, which came in 0.35; older diffusers is refused by name
+    (test_flux.py), so there is no downsampled Flux forward to fail."""
+    import diffusers
+    from packaging.version import Version
+
+    return Version(diffusers.__version__) >= Version("0.35")
+
+
+CASES = [(kind, setting) for kind in sorted(MODELS) for setting in sorted(SETTINGS)
+         if (kind, setting) != ("flux", "downsample") or _downsamples_flux()]
+
+
 @pytest.mark.parametrize("where", ["block", "processor", "feed-forward"])
-@pytest.mark.parametrize("setting", sorted(SETTINGS))
-@pytest.mark.parametrize("kind", sorted(MODELS))
+@pytest.mark.parametrize("kind,setting", CASES)
 def test_the_next_forwards_are_as_if_the_failed_call_never_ran(kind, setting, where):
     model, run, block, attn, ff = MODELS[kind](0)
     other, run_other, *_ = MODELS[kind](1)
