@@ -54,15 +54,15 @@ class InnerLink:
     @inner.setter
     def inner(self, inner: Callable) -> None:
         self._inner = inner
-        own = self.forward.__func__
-        if own.__dict__.get("link") is not self:
+        function = self.forward.__func__
+        if function.__dict__.get("link") is not self:
             return  # a copy's: it keeps the signature it was made with
         try:  # the signature of the rest of the chain, behind the bound method's own first parameter
             signature = inspect.signature(inner)
-            own = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)]
-            self.forward.__func__.__signature__ = signature.replace(parameters=own + list(signature.parameters.values()))
         except (TypeError, ValueError):
-            pass
+            return
+        first = inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)
+        function.__signature__ = signature.replace(parameters=[first, *signature.parameters.values()])
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.wrap is not None:

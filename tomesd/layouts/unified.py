@@ -131,4 +131,3 @@ class Unified(SpaceTime):
 
     def block_class(self, index: int) -> Any:
         return self.sections[index]
-

@@ -92,7 +92,6 @@ class CallState:
         self.restore: Any = None
         self.restoring: Dict[int, Tuple[Any, Any]] = {}
 
-
     @classmethod
     def for_block(cls, outer: "CallState", xp: Any, row: Any, like: int) -> "CallState":
         """A call of one block inside the eager call `outer`, for a block compiled on its own: it reads what `outer`
