@@ -84,12 +84,18 @@ class NumpyBackend:
         np.put_along_axis(out, _along(indices, x), x, axis=axis)
         return out
 
-    def segment_mean(self, x: np.ndarray, segments: np.ndarray, count: int) -> np.ndarray:
+    def segment_mean(self, x: np.ndarray, segments: np.ndarray, count: int, inv_counts) -> np.ndarray:
         segments = _index(segments, np.shape(x)[0])
         total = np.zeros((count,) + np.shape(x)[1:], dtype=np.asarray(x).dtype)
         np.add.at(total, segments, x)
-        counts = np.bincount(segments, minlength=count).astype(total.dtype)
-        return total / counts.reshape((count,) + (1,) * (total.ndim - 1))
+        if inv_counts is None:
+            counts = np.bincount(segments, minlength=count).astype(total.dtype)
+            return total / counts.reshape((count,) + (1,) * (total.ndim - 1))
+        return total * np.asarray(inv_counts)
+
+    @staticmethod
+    def prefers_kept_counts() -> bool:
+        return True
 
     def scatter_add(self, target: np.ndarray, indices: np.ndarray, src: np.ndarray) -> np.ndarray:
         out = np.array(target, copy=True)

@@ -47,9 +47,14 @@ class Backend(Protocol):
     def put_along(self, x: Array, indices: Array, axis: int) -> Array:
         """The inverse of take_along for a permutation: an array like x whose values at `indices` along `axis` are
         x's (out[..., indices[..., k]] = x[..., k]); `indices` is x's shape, a permutation along `axis`."""
-    def segment_mean(self, x: Array, segments: Array, count: int) -> Array:
+    def segment_mean(self, x: Array, segments: Array, count: int, inv_counts: Optional[Array]) -> Array:
         """[count, C]: the mean of the rows of x [R, C] with each segment id (`segments` [R] int64 in [0, count),
-        every id present at least once)."""
+        every id present at least once). Given `inv_counts` [count, 1] (1 / each segment's rows, in x's dtype),
+        their sum times it: no counting. Without, the framework's own mean (fewest calls from the host)."""
+    def prefers_kept_counts(self) -> bool:
+        """Whether a merge should count its rows once and take every mean as a sum times their inverse (fewest
+        kernels) rather than the framework's own mean (fewest host calls): torch while a graph compiler traces,
+        where host calls cost nothing at run time; paddle and NumPy always, their own mean counts at every call."""
     def scatter_add(self, target: Array, indices: Array, src: Array) -> Array:
         """Out-of-place `target[indices[i]] += src[i]` along axis 0 (the op the array API lacks)."""
     def scatter_reduce(self, target: Array, indices: Array, src: Array, mode: str) -> Array:

@@ -20,7 +20,7 @@ COVERED = {
     "no_grad", "shape", "arange", "zeros", "reshape", "concat", "unstack", "take", "scatter_add", "scatter_reduce",
     "argsort", "max_with_indices", "matmul_transposed", "l2_normalize", "counts", "equal", "broadcast_to",
     "where", "bitwise_xor", "floor", "to_int64", "astype_like", "to_float32", "randint_from",
-    "take_along", "put_along", "segment_mean", "grad_enabled",
+    "take_along", "put_along", "segment_mean", "prefers_kept_counts", "grad_enabled",
 }
 
 
@@ -92,9 +92,13 @@ def test_segment_mean_averages_the_rows_of_each_segment(fw):
     xp = fw.xp
     src = np.array([[1.0, 10.0], [2.0, 20.0], [4.0, 40.0], [8.0, 80.0], [16.0, 160.0]])
     segments = np.array([0, 2, 0, 1, 0], dtype=np.int64)
-    out = as_np(fw, xp.segment_mean(fw.tensor(src), fw.tensor(segments), 3), F64)
+    # The framework's own mean, and a sum times given inverse counts (a merge's kept counts; here wrong on purpose
+    # for segment 1, so that counts ignored would fail)
+    own = as_np(fw, xp.segment_mean(fw.tensor(src), fw.tensor(segments), 3, None), F64)
+    kept = as_np(fw, xp.segment_mean(fw.tensor(src), fw.tensor(segments), 3, fw.tensor(np.array([[1 / 3], [0.5], [1.0]]))), F64)
     # float32's round-off at most: paddle keeps ppdiffusers' own numerics, a sum times float32 inverse counts
-    assert np.allclose(out, [[7.0, 70.0], [8.0, 80.0], [2.0, 20.0]], rtol=1e-6, atol=0)
+    assert np.allclose(own, [[7.0, 70.0], [8.0, 80.0], [2.0, 20.0]], rtol=1e-6, atol=0)
+    assert np.allclose(kept, [[7.0, 70.0], [4.0, 40.0], [2.0, 20.0]], rtol=1e-6, atol=0)
 
 
 def test_scatter_add_accumulates_repeated_indices_out_of_place(fw):

@@ -25,8 +25,10 @@ def test_one_band_is_the_whole_grid(fw, per_sample):
     metric, coords, offsets = _inputs(fw)
     whole = compute_coordinate_merges(fw.xp, metric, coords, (2, 2), [12], offsets, per_sample=per_sample)[12]
     banded = banded_coordinate_merges(fw.xp, metric, coords, (2, 2), [12], offsets, 1, per_sample)[12]
-    np.testing.assert_array_equal(fw.numpy(banded.merge(metric)), fw.numpy(whole.merge(metric)))
+    np.testing.assert_array_equal(fw.numpy(banded.sample_rows()), fw.numpy(whole.sample_rows()))
     np.testing.assert_array_equal(fw.numpy(banded.representatives), fw.numpy(whole.representatives))
+    # The bands' merge knows its counts (a sum times them), the whole grid's takes torch's own mean: round-off apart
+    np.testing.assert_allclose(fw.numpy(banded.merge(metric)), fw.numpy(whole.merge(metric)), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("per_sample", [False, True])
@@ -46,7 +48,9 @@ def test_each_band_merges_its_own_tokens_and_a_rank_sees_its_part(fw, bands, per
         # A rank holding band k alone computes that part of the one-process merge.
         own = band_coordinate_merges(fw.xp, metric[:, start:stop], coords, (2, 2), [r], offsets, (start, stop),
                                      per_sample)[r]
-        np.testing.assert_array_equal(fw.numpy(own.merge(metric[:, start:stop])), merged[:, index * kept:(index + 1) * kept])
+        # (round-off apart: the joined merge knows its counts, a sum times them; a band alone takes torch's mean)
+        np.testing.assert_allclose(fw.numpy(own.merge(metric[:, start:stop])), merged[:, index * kept:(index + 1) * kept],
+                                   rtol=1e-6, atol=1e-6)
         np.testing.assert_array_equal(fw.numpy(own.representatives) + start,
                                       fw.numpy(joined.representatives)[..., index * kept:(index + 1) * kept])
 
@@ -77,7 +81,7 @@ def test_grid_bands_are_rows_of_the_patch_grid(fw):
     metric, _, offsets = _inputs(fw)
     whole = compute_merges(fw.xp, metric, W, H, 2, 2, [12], offsets)[12]
     one = banded_grid_merges(fw.xp, metric, W, H, 2, 2, [12], offsets, 1)[12]
-    np.testing.assert_array_equal(fw.numpy(one.merge(metric)), fw.numpy(whole.merge(metric)))
+    np.testing.assert_allclose(fw.numpy(one.merge(metric)), fw.numpy(whole.merge(metric)), rtol=1e-6, atol=1e-6)
     three = banded_grid_merges(fw.xp, metric, W, H, 2, 2, [8], offsets, 3)[8]
     rows = fw.numpy(three.sample_rows())
     for index in range(3):  # every sample's band k goes to band k's rows

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, Iterator, Sequence, Tuple
+from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 
 import paddle
 
@@ -120,10 +120,16 @@ class PaddleArrays:
     def put_along(self, x: paddle.Tensor, indices: paddle.Tensor, axis: int) -> paddle.Tensor:
         return paddle.put_along_axis(paddle.zeros_like(x), indices, x, axis)
 
-    def segment_mean(self, x: paddle.Tensor, segments: paddle.Tensor, count: int) -> paddle.Tensor:
+    def segment_mean(self, x: paddle.Tensor, segments: paddle.Tensor, count: int,
+                     inv_counts: Optional[paddle.Tensor]) -> paddle.Tensor:
         # ppdiffusers' own merge: a sum, then times the inverse counts (its numerics, kept for parity with it)
-        total = self.scatter_add(self.zeros([count, x.shape[1]], x), segments, x)
-        return total * (1.0 / self.counts(segments, count)).reshape([count, 1]).astype(x.dtype)
+        if inv_counts is None:
+            inv_counts = (1.0 / self.counts(segments, count)).reshape([count, 1]).astype(x.dtype)
+        return self.scatter_add(self.zeros([count, x.shape[1]], x), segments, x) * inv_counts
+
+    @staticmethod
+    def prefers_kept_counts() -> bool:
+        return True  # its mean is a sum times counts either way: counted once per merge, not at every site
 
     def scatter_add(self, target: paddle.Tensor, indices: paddle.Tensor, src: paddle.Tensor) -> paddle.Tensor:
         if target.dtype in _SCATTER_UPCAST:

@@ -66,10 +66,16 @@ class TorchArrays:
         return torch.empty_like(x).scatter_(axis, indices, x)
 
     @staticmethod
-    def segment_mean(x: torch.Tensor, segments: torch.Tensor, count: int) -> torch.Tensor:
-        # One kernel where a sum into zeros times the inverse counts takes three (and the counts three more).
-        out = torch.empty((count, x.shape[1]), device=x.device, dtype=x.dtype)
-        return out.scatter_reduce_(0, segments.unsqueeze(1).expand(x.shape), x, "mean", include_self=False)
+    def segment_mean(x: torch.Tensor, segments: torch.Tensor, count: int,
+                     inv_counts: Optional[torch.Tensor]) -> torch.Tensor:
+        if inv_counts is None:  # one call from the host, seven kernels on CUDA (docs/host-cost.md)
+            out = torch.empty((count, x.shape[1]), device=x.device, dtype=x.dtype)
+            return out.scatter_reduce_(0, segments.unsqueeze(1).expand(x.shape), x, "mean", include_self=False)
+        # Three kernels, and inductor lowers them (it runs scatter_reduce_'s mean as an aten fallback)
+        return torch.zeros((count, x.shape[1]), device=x.device, dtype=x.dtype).index_add_(0, segments, x).mul_(inv_counts)
+
+    # A Python function bound as is: the merge asks once per merge, not per site
+    prefers_kept_counts = staticmethod(torch.compiler.is_compiling)
 
     @staticmethod
     def scatter_add(target: torch.Tensor, indices: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
