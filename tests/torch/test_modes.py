@@ -444,15 +444,22 @@ def test_reuse_steps_refuses_a_compiled_graph_clearly(sd1_unet):
         torch.compiler.reset()
 
 
-def test_downsample_refuses_fused_qkv_projections_clearly():
+def test_downsample_refuses_a_fused_processor_it_does_not_know_clearly():
+    from diffusers.models.attention_processor import FusedAttnProcessor2_0
+
+    class FusedOwnAttnProcessor(FusedAttnProcessor2_0):  # a fused processor ToMe cannot see the SDPA call of
+        pass
+
     unet = T.unet()
     unet.fuse_qkv_projections()
+    unet.set_attn_processor(FusedOwnAttnProcessor())
     with pytest.raises(ValueError, match="unfuse_qkv_projections"):  # at apply time
         tomesd.apply_patch(unet, mode="downsample")
     assert not hasattr(unet, PATCH_ATTR)
     unet.unfuse_qkv_projections()
     tomesd.apply_patch(unet, mode="downsample")
-    unet.fuse_qkv_projections()  # fused after apply: refused by name, not an AttributeError deep inside
+    unet.fuse_qkv_projections()
+    unet.set_attn_processor(FusedOwnAttnProcessor())  # fused after apply: refused by name, not deep inside
     with pytest.raises(ValueError, match="unfuse_qkv_projections"):
         forward(unet, T.unet_inputs())
     unet.unfuse_qkv_projections()

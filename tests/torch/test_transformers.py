@@ -374,10 +374,16 @@ def test_blocks_count_each_models_own_blocks_when_a_controlnet_has_fewer(tmp_pat
         tomesd.apply_patch(pipe, ratio=0.5, blocks=[3])
 
 
-def test_downsample_refuses_projections_fused_after_the_patch_at_the_next_call(models):
+def test_downsample_refuses_a_fused_processor_it_does_not_know_at_the_next_call(models):
+    from diffusers.models.attention_processor import FusedJointAttnProcessor2_0
+
+    class FusedOwnJointAttnProcessor(FusedJointAttnProcessor2_0):  # ToMe cannot see its SDPA call
+        pass
+
     model = T.transformer("sd3")
     tomesd.apply_patch(model, mode="downsample")
     model.fuse_qkv_projections()  # to_k / to_v would no longer run: nothing would shrink, silently
+    model.set_attn_processor(FusedOwnJointAttnProcessor())
     with pytest.raises(ValueError, match="unfuse_qkv_projections"):
         run(model, T.transformer_inputs("sd3"))
     model.unfuse_qkv_projections()

@@ -219,6 +219,11 @@ class TorchHost:
         """One attention's weights: log of each merged row's token count ([B, M, 1] inverse counts)."""
         return torch_sdpa.KeyWeights(-torch.log(inv_counts[..., 0]), image_keys_first, uniform)
 
+    @staticmethod
+    def shrunk_keys(down: Any, weights: Any) -> Any:
+        """A fused attention's SDPA call with its image keys and values downsampled (key_weight_seam's rewrite)."""
+        return torch_sdpa.ShrunkKeys(down, weights)
+
     # `fn` (a merge or unmerge along the tokens) on `x`, or on a DTensor's local tensor (tensor parallelism)
     on_local_tokens = staticmethod(torch_parallel.on_local_tokens)
 

@@ -95,6 +95,43 @@ class KeyWeights:
         return out[..., :width]
 
 
+class ShrunkKeys:
+    """Downsampling inside a fused attention's one SDPA call (diffusers' FusedAttnProcessor2_0 and
+    FusedJointAttnProcessor2_0 project queries, keys and values in one to_qkv, so no module takes the keys' input
+    alone): the image's rows of its keys and values, [B, heads, S, D] with the image first (all of S on a UNet, the
+    text after it on SD3), downsampled by `down`. A linear projection commutes with taking every n-th token and with
+    a cell's mean, so this is what downsampling the projections' input gives, to round-off. With proportional
+    attention `weights` (KeyWeights) then weigh the kept keys in the same call."""
+
+    __slots__ = ("down", "weights")
+
+    def __init__(self, down: Any, weights: Optional[KeyWeights]) -> None:
+        self.down, self.weights = down, weights
+
+    def __call__(self, fn: Callable, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0, is_causal: bool = False,
+                 scale: Optional[float] = None, **rest: Any) -> torch.Tensor:
+        down = self.down
+        n = down.num_tokens
+        if attn_mask is not None or is_causal:
+            raise ValueError("mode='downsample' cannot shrink the keys of a fused attention given an attention mask "
+                             "(the mask addresses every token); use mode='merge'")
+        if key.dim() != 4 or key.shape[2] < n or value.shape[:3] != key.shape[:3]:
+            raise ValueError(f"mode='downsample' expected the fused attention's keys and values to start with the {n} "
+                             f"image tokens [B, heads, S, dim], got {list(key.shape)} and {list(value.shape)}; call "
+                             f"unfuse_qkv_projections() first")
+        k, v = key.transpose(1, 2), value.transpose(1, 2)  # [B, S, heads, D]: the tokens on downsampling's axis
+        if k.shape[1] == n:
+            k, v = down.shrink_tails(k, v)
+        else:  # SD3's joint attention: [image, text]
+            k = torch.cat([down.shrink_tail(k[:, :n]), k[:, n:]], 1)
+            v = torch.cat([down.shrink_tail(v[:, :n]), v[:, n:]], 1)
+        key, value = k.transpose(1, 2), v.transpose(1, 2)
+        if self.weights is not None:
+            return self.weights(fn, query, key, value, dropout_p=dropout_p, scale=scale, **rest)
+        return fn(query, key, value, dropout_p=dropout_p, is_causal=False, scale=scale, **rest)
+
+
 def channels(size: int, device: torch.device) -> int:
     """The channels added to a head of `size`: the bias channel, plus zeros up to the multiple of 8 CUDA's fused
     kernels take (on the CPU its flash kernel takes any size, and one channel costs least)."""

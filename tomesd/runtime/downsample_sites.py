@@ -2,7 +2,8 @@
 passes the downsampled tokens as the attention's own context argument, so the host's attention module and
 processor compute keys and values from them; on SD3's joint attention the image key and value projections
 take the downsampled tokens; on Flux and Wan the rotated keys and values shrink at diffusers' attention
-dispatch. With restore_tokens, DownsampleRestore wraps the first two kinds of attention outermost (it runs the
+dispatch; on a fused attention (fuse_qkv_projections: one to_qkv) they shrink inside its SDPA call (arm_fused). With
+restore_tokens, DownsampleRestore wraps the first two kinds of attention outermost (it runs the
 module twice at a window's first step), and DispatchRestore runs the last kind's attention call twice there.
 """
 from __future__ import annotations
@@ -11,7 +12,7 @@ import functools
 from typing import Any, Optional
 
 from . import key_weights, restore
-from .guards import FUSED_QKV, MASKED_DOWNSAMPLE, fused
+from .guards import MASKED_DOWNSAMPLE, check_fused, fused
 from ..layouts.signatures import InputSpec
 from .sites import SiteHook
 
@@ -47,18 +48,20 @@ class DownsampleContext(SiteHook):
         if (args[context.index] if at else kwargs.get(context.name)) is not None:
             return None  # keys/values already come from elsewhere (only_cross_attention): nothing to downsample
         processor = getattr(module, "processor", None)
+        is_fused = False
         if call is not None and not call.eager:  # traced: asked as the graph is made, nothing kept (it would be guarded)
-            if fused(module):
-                raise ValueError(FUSED_QKV)
+            is_fused = fused(module)
         elif processor is None or processor is not self._unfused:
-            if fused(module):
-                raise ValueError(FUSED_QKV)
+            is_fused = fused(module)
             # A processor whose type is no fused one never is (fused() asks its type first): kept, not asked again
             self._unfused = processor if "Fused" not in type(processor).__name__ else None
         mask = self.mask  # InputSpec.get inline
         if (args[mask.index] if mask.index is not None and len(args) > mask.index else kwargs.get(mask.name)) \
                 is not None:
             raise ValueError(MASKED_DOWNSAMPLE)
+        if is_fused:  # one to_qkv: no context argument to hand the keys' input, they shrink in its SDPA call
+            arm_fused(patch, module, down, call)
+            return None
         if call is None or call.watch is None:
             small = down(x)
         else:
@@ -121,6 +124,53 @@ class DownsampleProjection(SiteHook):
             if patch.key_seam is not None:  # weigh_downsampled inline
                 key_weights.arm(patch, down, self.image_keys_first)
         return ((small,) + args[1:], kwargs) if args else (args, {**kwargs, "input": small})
+
+
+class FusedKeys(SiteHook):
+    """A joint attention whose keys DownsampleProjection shrinks at to_k and to_v, fused after all
+    (fuse_qkv_projections, SD3): those never run then, so its keys shrink inside its SDPA call (arm_fused)."""
+
+    def __init__(self, patch: Any, index: int) -> None:
+        super().__init__(patch, index)
+        self._unfused: Any = None  # the processor last found unfused (fused() asked again when it changes)
+
+    def pre(self, module: Any, args: tuple, kwargs: dict) -> None:
+        processor = getattr(module, "processor", None)
+        if processor is self._unfused and processor is not None:
+            return
+        if not fused(module):
+            self._unfused = processor if "Fused" not in type(processor).__name__ else None
+            return
+        call = self.patch.calls.top()
+        down = self.patch.block_merge(call, self.index, args[0] if args else kwargs.get("hidden_states"))
+        if down is not None:
+            arm_fused(self.patch, module, down, call)
+
+
+def arm_fused(patch: Any, attention: Any, down: Any, call: Any) -> None:
+    """The fused `attention`'s next SDPA call takes its image keys and values downsampled by `down` (and weighs them,
+    under proportional attention): the host's SDPA seam, opened for this patch at the first fused attention. An
+    arming its attention left untaken (no SDPA call inside: a function swapped in for torch's) is refused at the
+    next one."""
+    check_fused(attention, patch.host)
+    seam = patch.key_seam
+    if seam is None:
+        if patch.fused_seam is None:
+            patch.fused_seam = patch.host.key_weight_seam()
+            patch.fused_seam.open(patch)
+        seam = patch.fused_seam
+    eager = None if call is None else call.eager
+    if eager is not False:
+        left = seam.armed()
+        if left is not None and left.left > 0 and type(left.rewrite).__name__ == "ShrunkKeys":
+            raise RuntimeError(
+                f"mode='downsample' found no call of torch's scaled_dot_product_attention inside a fused "
+                f"{type(attention).__name__} (processor {type(getattr(attention, 'processor', None)).__name__}), so its "
+                f"keys were not downsampled; call unfuse_qkv_projections(), or use mode='merge'")
+    weights = None
+    if patch.key_seam is not None:  # proportional attention: the kept keys weighed in the same call
+        weights = patch.host.key_weights(down.inv_counts, True, getattr(down, "uniform", False))
+    seam.arm(patch.host.shrunk_keys(down, weights), 1, eager)
 
 
 class DownsampleDispatch(SiteHook):

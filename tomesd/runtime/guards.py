@@ -17,9 +17,15 @@ CHUNKED_FF = (
 )
 
 FUSED_QKV = (
-    "mode='downsample' cannot run on fused QKV projections (fuse_qkv_projections): the fused self-attention "
-    "computes keys and values from its queries' input. Call unfuse_qkv_projections() first."
+    "mode='downsample' cannot run on these fused QKV projections (fuse_qkv_projections): the fused self-attention "
+    "computes keys and values from its queries' input, and its processor is none of diffusers' "
+    "FusedAttnProcessor2_0 and FusedJointAttnProcessor2_0, whose one SDPA call ToMe shrinks the keys in. "
+    "Call unfuse_qkv_projections() first."
 )
+
+# diffusers' fused processors whose self- or joint attention makes one call of torch's scaled_dot_product_attention,
+# the image's keys first: downsampling shrinks the keys and values there (downsample_sites.FusedKeys)
+FUSED_SDPA_PROCESSORS = ("FusedAttnProcessor2_0", "FusedJointAttnProcessor2_0")
 
 MASKED_SELF_ATTENTION = (
     "ToMe cannot merge self-attention that is given an attention_mask (the mask addresses "
@@ -71,12 +77,19 @@ def fused(attn: Any) -> bool:
     return fused_processor and getattr(attn, "to_kv", None) is None
 
 
-def check_projections(attn: Any) -> None:
-    """Downsampling at to_k / to_v needs a processor that projects the image through them once per call:
-    a fused processor runs to_qkv instead (nothing would shrink), a PAG processor splits the batch and
-    runs a second attention whose mask addresses every token."""
-    if fused(attn):
+def check_fused(attn: Any, host: Any) -> None:
+    """A fused processor runs to_qkv where downsampling needs the keys' input alone: it shrinks the keys inside the
+    processor's SDPA call instead, where the host has that seam and the processor is one of diffusers' known ones."""
+    if fused(attn) and (getattr(host, "shrunk_keys", None) is None
+                        or type(getattr(attn, "processor", None)).__name__ not in FUSED_SDPA_PROCESSORS):
         raise ValueError(FUSED_QKV)
+
+
+def check_projections(attn: Any, host: Any) -> None:
+    """Downsampling at to_k / to_v needs a processor that projects the image through them once per call (or a
+    fused one check_fused accepts); a PAG processor splits the batch and runs a second attention whose mask
+    addresses every token."""
+    check_fused(attn, host)
     processor = type(getattr(attn, "processor", None)).__name__
     if "PAG" in processor:
         raise ValueError(
@@ -101,7 +114,7 @@ def check_dispatch(attn: Any, block_name: str, host: Any) -> None:
 def check_downsample_way(attn: Any, way: Any, block_name: str, host: Any) -> None:
     """What a processor swapped in after apply_patch could break, checked at each call."""
     if way.via == "projections":
-        check_projections(attn)
+        check_projections(attn, host)
     elif way.via == "dispatch":
         check_dispatch(attn, block_name, host)
 
@@ -193,9 +206,9 @@ def _validate_downsample(patch: Any) -> None:
                 check_dispatch(attn, type(block).__name__, patch.host)
                 continue
             if way.via == "projections":
-                check_projections(attn)
-            elif fused(attn):
-                raise ValueError(FUSED_QKV)
+                check_projections(attn, patch.host)
+            else:
+                check_fused(attn, patch.host)
             if way.via == "context" and InputSpec.find(attn, CONTEXT, first_positional=False) is None:
                 raise ValueError(
                     f"mode='downsample' passes keys and values to self-attention through its context "

@@ -10,7 +10,7 @@ from . import guards
 from ..layouts.entries import MASK_AXES, MASK_AXES_OR_REFUSED, SLICED_MASKS, BlockKind, Span, sublayer
 from ..layouts.signatures import CONTEXT, MASK, TOKENS, InputSpec
 from .downsample_sites import CheckWeighed, DownsampleContext, DownsampleDispatch, DownsampleProjection, \
-    DownsampleRestore
+    DownsampleRestore, FusedKeys
 from .key_masks import MaskSlice
 from .key_weights import WeighSpanKeys, open_key_seam, weighs
 from .sites import MergeSite
@@ -67,6 +67,8 @@ def install_downsample(patch: Any, index: int, block: Any, kind: BlockKind) -> N
             hook = DownsampleDispatch(patch, index, way.attention, tokens)
             around(patch, attn, hook.pre, hook.post)
         elif way.via == "projections":
+            if getattr(host, "shrunk_keys", None) is not None:  # fused later (one to_qkv): the keys shrink at SDPA
+                around(patch, attn, FusedKeys(patch, index).pre, None)
             first = any(layer.image_keys_first for layer in kind.sublayers if layer.name == way.attention)
             for projection in guards.KV_PROJECTIONS:
                 hook = DownsampleProjection(patch, index, attn, projection, first)

@@ -62,7 +62,7 @@ class RootHooks:
             self.patch.regional_lock.release()
         if call is not None and call.idle and not self.patch.host.is_compiling():
             self.patch.park(call.idle)
-        for seam in (self.patch.seam, self.patch.key_seam, self.patch.call_seam):
+        for seam in (self.patch.seam, self.patch.key_seam, self.patch.call_seam, self.patch.fused_seam):
             if seam is not None:
                 seam.clear()  # an attention that raised left its arming
 
@@ -101,6 +101,8 @@ class ToMePatch:
         self.seam: Any = None  # the host's attention dispatch seam, while this patch uses it (install/detach)
         self.key_seam: Any = None  # the host's SDPA seam, while this patch weighs keys (key_weights.py)
         self.call_seam: Any = None  # a function its blocks call by name, while a span unmerges there (unmerge_at.py)
+        # The host's SDPA seam, once a downsampled attention was found fused (downsample_sites.arm_fused)
+        self.fused_seam: Any = None
         # Whether a coordinate layout matches each sample on its own (install: every rotary table can follow).
         self.per_sample = False
         # A plain int for the per-call path (paddle's SOT translator reads plain values best); downsample has none.
@@ -134,7 +136,7 @@ class ToMePatch:
         self.matcher.reset()  # a copy keeps no matchings
         if self._hooked:  # a copy of an installed patch: its model's copy holds the hooks
             HOOKED.add(self)
-        for seam in (self.seam, self.key_seam, self.call_seam):
+        for seam in (self.seam, self.key_seam, self.call_seam, self.fused_seam):
             if seam is not None:
                 seam.open(self)  # the copy's hooks use the process's seams as well
 
@@ -198,10 +200,10 @@ class ToMePatch:
         self.entries.clear()
         self.rows_on, self.exits_seated = None, False
         HOOKED.discard(self)
-        for seam in (self.seam, self.key_seam, self.call_seam):
+        for seam in (self.seam, self.key_seam, self.call_seam, self.fused_seam):
             if seam is not None:
                 seam.close(self)
-        self.seam = self.key_seam = self.call_seam = None
+        self.seam = self.key_seam = self.call_seam = self.fused_seam = None
 
     def remove(self) -> None:
         self.detach()
