@@ -1,6 +1,6 @@
 """ToMe under the attention kernels of diffusers' dispatcher that this machine has (native, _native_math, flex on the
-CPU): merge and downsample run under each and give what they give under the default, to fp32 round-off; proportional
-attention runs where the kernel is torch's SDPA and is refused by name elsewhere (flex), at the first call."""
+CPU): merge and downsample run under each and give what they give under the default, to fp32 round-off, and so does
+proportional attention, whose weights join the keys at the dispatch, before the kernel."""
 import pytest
 import torch
 
@@ -39,19 +39,24 @@ def test_merge_and_downsample_run_under_each_kernel(kind, backend, setting):
     assert torch.allclose(under, default, rtol=0, atol=TOL)
 
 
+@pytest.mark.parametrize("setting", ["merge", "downsample"])
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kind", sorted(MODELS))
-def test_proportional_attention_runs_on_sdpa_kernels_and_is_refused_by_name_elsewhere(kind, backend):
+def test_proportional_attention_runs_under_each_kernel(kind, backend, setting):
+    """The weights join queries, keys and values at diffusers' dispatch, one channel wider, before the kernel runs."""
     build, inputs = MODELS[kind]
     model, x = build(), inputs()
-    tomesd.apply_patch(model, ratio=0.5, proportional_attention=True)
+    settings = dict(SETTINGS[setting], downsample_factor=3, downsample_method="avg") if setting == "downsample" \
+        else SETTINGS[setting]  # (factor 3 on the tiny grids: cells of unequal size, so the weights act)
+    tomesd.apply_patch(model, **settings)
     try:
-        default = _run(model, x)
-        if backend == "flex":  # its own kernel: no SDPA call to carry the key weights
-            with pytest.raises(RuntimeError, match="proportional_attention off, or run the attention through torch's SDPA"):
-                _run(model, x, backend)
-            assert torch.equal(_run(model, x), default)  # the refused call left nothing behind
-        else:
-            assert torch.allclose(_run(model, x, backend), default, rtol=0, atol=TOL)
+        unweighed = _run(model, x, backend)
     finally:
         tomesd.remove_patch(model)
+    tomesd.apply_patch(model, proportional_attention=True, **settings)
+    try:
+        default, under = _run(model, x), _run(model, x, backend)
+    finally:
+        tomesd.remove_patch(model)
+    assert (under - unweighed).abs().max() > 100 * TOL  # the weights act under this kernel
+    assert torch.allclose(under, default, rtol=0, atol=TOL)

@@ -87,6 +87,8 @@ class KeyWeights:
         if kwargs.get("attn_mask") is not None or kwargs.get("is_causal"):
             raise ValueError("ToMe's proportional attention weighs merged keys at diffusers' attention dispatch, which "
                              "here got an attention mask (or is_causal); apply_patch with proportional_attention=False")
+        if self.uniform and kwargs["key"].shape[1] == self.log_sizes.shape[-1]:  # every key alike: nothing to weigh
+            return fn(**kwargs)
         query, key, value, scale, width = self._widened(
             kwargs["query"], kwargs["key"], kwargs["value"], kwargs.get("scale"), 1)
         out = fn(**dict(kwargs, query=query, key=key, value=value, scale=scale))

@@ -25,6 +25,27 @@ def open_key_seam(patch: Any) -> None:
         patch.key_seam.open(patch)
 
 
+def weigh_at_dispatch_where_all_dispatch(patch: Any) -> None:
+    """At install: where every weighed attention's processor calls diffusers' attention dispatch (Flux, Wan and the
+    other dispatching transformers), the weights join the queries, keys and values there, before the backend runs
+    (torch_sdpa.KeyWeights.around), so every kernel of the dispatcher takes them: native SDPA, flex, flash, sage,
+    xformers (a head one channel wider, padded to the multiple of 8 CUDA's kernels take). Elsewhere (the UNets'
+    and SD3's processors call torch's SDPA themselves) the SDPA seam stays."""
+    dispatches = getattr(patch.host, "dispatches", None)
+    # (restored tokens in downsample mode run the backend twice inside one dispatch call, arming the weights there)
+    if patch.key_seam is None or dispatches is None or (patch.downsampling and patch.args.restore_tokens):
+        return
+    for block, kind in zip(patch.blocks, patch.kinds):
+        attention = getattr(block, kind.self_attention or "", None)
+        if attention is None or not dispatches(getattr(attention, "processor", None)):
+            return
+    seam = patch.host.attention_seam()
+    if patch.key_seam is not seam:
+        patch.key_seam.close(patch)
+        patch.key_seam = seam
+        seam.open(patch)
+
+
 def weigh_at_dispatch(patch: Any) -> None:
     """Under context parallelism (found at the first call) the attention's keys are exchanged between ranks inside
     diffusers' attention dispatch, so an SDPA call would meet keys whose sizes other ranks hold: the weights join

@@ -170,6 +170,7 @@ class ToMePatch:
                 install_downsample(self, index, block, kind)
             else:
                 install_merge(self, index, block, kind)
+        key_weights.weigh_at_dispatch_where_all_dispatch(self)
         if mark:
             setattr(self.root, PATCH_ATTR, self)
 
