@@ -4,7 +4,7 @@ a denoising loop, interleaved with the baseline, and the FLOPs ratio), plotted c
 Pareto front marked: the settings no other setting beats on both.
 
 The closeness comes from a `quality --json` file of the same yardstick (`--closeness`), or from a quality run made
-here first. The speed is timed on the yardstick's real architecture (sd1: SD1.5's UNet, sd3: SD3-medium, video:
+here first. The speed is timed on the yardstick's real architecture (sd1: SD1.5's UNet, sdxl: SDXL's, sd3: SD3-medium, video:
 AnimateDiff, wan: Wan 2.1 1.3B) with random weights, at `--res` and `--depth`; step caches (`--cache`) alone and
 stacked under each setting, as `quality --cache` prices them. A ratio schedule needs a pipeline's loop and is left
 out of the timing, with a note.
@@ -24,7 +24,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-ARCH_OF = {"sd1": "sd15", "sd3": "sd3", "video": "animatediff", "wan": "wan"}
+ARCH_OF = {"sd1": "sd15", "sdxl": "sdxl", "sd3": "sd3", "video": "animatediff", "wan": "wan"}
 
 # On a GPU eager ToMe's own work (matching: host time, docs/gpu.md) eats a small saving: the H100 bounds r=0.5 at its
 # device-time ratio (Flux 1.11x, SD1.5 1024² 1.14x, SDXL below 1). A setting pays there when it leaves at most
@@ -54,9 +54,9 @@ GPU_PICKS: Tuple[GpuPick, ...] = (
             dict(ratio=0.75, max_downsample=4, merge_mlp=True), 1.46, 24.4, "sd1", "docs/frontier-gpu-sd1-512.json"),
     GpuPick("sd1", (1024, 1024), None, "ToMe r=0.75 prop", dict(ratio=0.75, proportional_attention=True), 1.47, 51.5,
             "sd1", "docs/frontier-gpu-sd1-1024.json"),
-    GpuPick("sdxl", (1024, 1024), None, "ToMe r=0.5 max_downsample=4 merge_mlp prop",
-            dict(ratio=0.5, max_downsample=4, merge_mlp=True, proportional_attention=True), 1.54, None, None,
-            "docs/frontier-gpu-sdxl-1024.json"),
+    GpuPick("sdxl", (1024, 1024), None, "ToMe r=0.75 max_downsample=4 merge_mlp reuse 3 prop restore",
+            dict(ratio=0.75, max_downsample=4, merge_mlp=True, reuse_steps=3, proportional_attention=True,
+                 restore_tokens=True), 1.52, 41.3, "sdxl", "docs/frontier-gpu-sdxl-1024.json"),
     GpuPick("sd3", (1024, 1024), None, "ToMe r=0.5 merge_mlp reuse 3 prop restore",
             dict(ratio=0.5, merge_mlp=True, reuse_steps=3, proportional_attention=True, restore_tokens=True), 1.56,
             42.2, "sd3", "docs/frontier-gpu-sd3-1024.json"),
@@ -78,11 +78,11 @@ def find_gpu_pick(arch: str, res: Tuple[int, int], frames: Optional[int] = None)
 def add_arguments(parser: Any) -> None:
     parser.add_argument("--arch", choices=sorted(ARCH_OF), default="sd3",
                         help="the yardstick (its settings and closeness) and the architecture timed: sd1 -> SD1.5's "
-                             "UNet, sd3 -> SD3-medium, video -> AnimateDiff, wan -> Wan 2.1 1.3B")
+                             "UNet, sdxl -> SDXL's UNet, sd3 -> SD3-medium, video -> AnimateDiff, wan -> Wan 2.1 1.3B")
     parser.add_argument("--closeness", metavar="PATH[,PATH...]", default=None,
                         help="`python -m tomesd quality --arch ARCH --json PATH` files (comma-separated; a setting "
                              "priced in several takes the last file's row); `none`: no yardstick prices the "
-                             "architecture (SDXL, Flux), FLOPs and speed alone; default: run quality here")
+                             "architecture (Flux), FLOPs and speed alone; default: run quality here")
     parser.add_argument("--flops-floor", type=float, default=FLOPS_FLOOR,
                         help="mark the closest setting (yardstick PSNR) whose FLOPs ratio is at least this "
                              f"(default {FLOPS_FLOOR}: what pays on a GPU, docs/frontier.md)")

@@ -73,6 +73,41 @@ DEFAULT_SETTINGS = [
     Setting("ToMe r=0.75 then 0.25 (schedule)", dict(ratio_schedule=[(0.0, 0.75), (0.5, 0.25)])),
 ]
 
+# The SDXL-shaped UNet: no attention at 32x32; the default (max_downsample=2) merges the 16x16 level's 10 blocks,
+# max_downsample=4 adds the 8x8 level's 24 (SDXL: 60 of 70 blocks at its 32² level).
+SDXL_SETTINGS = [
+    Setting("baseline", None),
+    Setting("ToMe r=0.5", dict(ratio=0.5)),
+    Setting("ToMe r=0.75", dict(ratio=0.75)),
+    Setting("ToMe r=0.5 prop", dict(ratio=0.5, proportional_attention=True)),
+    Setting("ToMe r=0.5 max_downsample=4", dict(ratio=0.5, max_downsample=4)),
+    Setting("ToMe r=0.5 max_downsample=4 prop", dict(ratio=0.5, max_downsample=4, proportional_attention=True)),
+    Setting("ToMe r=0.5 max_downsample=4 merge_mlp", dict(ratio=0.5, max_downsample=4, merge_mlp=True)),
+    # The README's SDXL setting by FLOPs (1.54x on SDXL 1024²).
+    Setting("ToMe r=0.5 max_downsample=4 merge_mlp prop", dict(ratio=0.5, max_downsample=4, merge_mlp=True,
+                                                             proportional_attention=True)),
+    Setting("ToMe r=0.25 max_downsample=4 merge_mlp prop", dict(ratio=0.25, max_downsample=4, merge_mlp=True,
+                                                              proportional_attention=True)),
+    Setting("ToMe r=0.75 max_downsample=4 prop", dict(ratio=0.75, max_downsample=4, proportional_attention=True)),
+    Setting("ToMe r=0.75 max_downsample=4 merge_mlp prop", dict(ratio=0.75, max_downsample=4, merge_mlp=True,
+                                                              proportional_attention=True)),
+    Setting("ToMe r=0.5 max_downsample=4 reuse 3 prop restore", dict(ratio=0.5, max_downsample=4, reuse_steps=3,
+                                                                    proportional_attention=True, restore_tokens=True)),
+    Setting("ToMe r=0.5 max_downsample=4 merge_mlp reuse 3 prop restore",
+            dict(ratio=0.5, max_downsample=4, merge_mlp=True, reuse_steps=3, proportional_attention=True,
+                 restore_tokens=True)),
+    # More merged, fewer unmerged steps: the candidates for >= 1.4x FLOPs closer than the setting above
+    *[Setting(f"ToMe r={r} max_downsample=4 merge_mlp reuse {k} prop restore",
+              dict(ratio=r, max_downsample=4, merge_mlp=True, reuse_steps=k, proportional_attention=True,
+                   restore_tokens=True)) for r, k in ((0.75, 3), (0.6, 4), (0.75, 4))],
+    Setting("ToMe r=0.5 max_downsample=4 share_across_blocks", dict(ratio=0.5, max_downsample=4,
+                                                                    share_across_blocks=True)),
+    Setting("downsample f=2 nearest", dict(mode="downsample")),
+    Setting("downsample f=2 avg", dict(mode="downsample", downsample_method="avg")),
+    Setting("downsample f=2 nearest max_downsample=4", dict(mode="downsample", max_downsample=4)),
+    Setting("downsample f=2 avg max_downsample=4", dict(mode="downsample", downsample_method="avg", max_downsample=4)),
+]
+
 # The SD3-shaped model: one 32x32 patch grid in every one of its 4 joint blocks (the last context_pre_only).
 SD3_SETTINGS = [
     Setting("baseline", None),
@@ -159,7 +194,7 @@ WAN_SETTINGS = [
     Setting("downsample f=2 avg prop", dict(mode="downsample", downsample_method="avg", proportional_attention=True)),
     *_DOWNSAMPLE_RESTORED,
 ]
-SETTINGS = {"sd1": DEFAULT_SETTINGS, "sd3": SD3_SETTINGS, "video": VIDEO_SETTINGS, "wan": WAN_SETTINGS}
+SETTINGS = {"sd1": DEFAULT_SETTINGS, "sdxl": SDXL_SETTINGS, "sd3": SD3_SETTINGS, "video": VIDEO_SETTINGS, "wan": WAN_SETTINGS}
 
 
 def with_cache(settings: List[Setting], picked: Sequence[str]) -> List[Setting]:

@@ -1,6 +1,6 @@
 """`python -m tomesd quality`: what each setting costs in quality, and buys in speed, on the
 project's own class-conditional digits models (proxies for SD, see the README): `--arch sd1` (default)
-the UNet, `--arch sd3` the SD3-shaped joint-attention transformer, `--arch video` AnimateDiff's motion
+the UNet, `--arch sdxl` a UNet with SDXL's structure, `--arch sd3` the SD3-shaped joint-attention transformer, `--arch video` AnimateDiff's motion
 UNet on moving digits, `--arch wan` Wan's space-time transformer on the same clips. `--cache` adds one of
 diffusers' step caches, alone and stacked under each setting.
 
@@ -16,16 +16,18 @@ from . import model as M
 from . import sampling
 from .evaluation import Result, evaluate, labels_for
 from .report import SCHEMA, table, write_json, write_plot
-from .settings import DEFAULT_SETTINGS, SD3_SETTINGS, SETTINGS, VIDEO_SETTINGS, WAN_SETTINGS, Setting, with_cache
+from .settings import (DEFAULT_SETTINGS, SD3_SETTINGS, SDXL_SETTINGS, SETTINGS, VIDEO_SETTINGS, WAN_SETTINGS, Setting,
+                       with_cache)
 
-__all__ = ["DEFAULT_SETTINGS", "SCHEMA", "SD3_SETTINGS", "SETTINGS", "VIDEO_SETTINGS", "WAN_SETTINGS", "Result",
+__all__ = ["DEFAULT_SETTINGS", "SCHEMA", "SD3_SETTINGS", "SDXL_SETTINGS", "SETTINGS", "VIDEO_SETTINGS", "WAN_SETTINGS", "Result",
            "Setting", "add_arguments", "evaluate", "labels_for", "run", "table", "with_cache", "write_json",
            "write_plot"]
 
 
 def add_arguments(parser: Any) -> None:
     parser.add_argument("--arch", choices=M.ARCHS, default="sd1",
-                        help="the yardstick model: sd1 (the digits UNet, default), sd3 (the SD3-shaped transformer), "
+                        help="the yardstick model: sd1 (the digits UNet, default), sdxl (a UNet with SDXL's structure), "
+                             "sd3 (the SD3-shaped transformer), "
                              "video (AnimateDiff's motion UNet on moving digits, 8 frames) or wan (Wan's transformer "
                              "on the same clips, one space-time grid)")
     parser.add_argument("--cache", metavar="NAME[,NAME...]", default=None,
