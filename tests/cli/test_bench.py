@@ -662,3 +662,32 @@ def test_flops_counted_on_the_cpu_equal_those_counted_on_meta(monkeypatch):
     on_meta = count()
     monkeypatch.setattr(configs.ARCHS["tiny-z-image"], "host_reads", "as if it read tensors on the host")
     assert count() == on_meta and on_meta[0] > on_meta[1] > 0
+
+
+def test_attention_backend_times_every_configuration_under_that_kernel(tmp_path, monkeypatch, capsys):
+    """--attention-backend flex: the configurations' attention runs through diffusers' flex kernel (proportional
+    attention too: its channel joins at the dispatch), and the process-wide kernel is the default again after."""
+    from diffusers.models import attention_dispatch as D
+
+    calls = []
+    flex = D._AttentionBackendRegistry._backends["flex"]
+
+    def counted(**kwargs):
+        calls.append(kwargs["query"].shape[1])
+        return flex(**kwargs)
+
+    monkeypatch.setitem(D._AttentionBackendRegistry._backends, "flex", counted)
+    before = D._AttentionBackendRegistry.get_active_backend()
+    out_json = tmp_path / "r.json"
+    argv = ["--config", "tiny-flux", "--res", "64", "--repeats", "1", "--warmup", "0", "--ratios", "0.5", "--modes",
+            "merge,merge-prop", "--no-memory", "--attention-backend", "flex", "--json", str(out_json)]
+    assert bench(argv) == 0
+    assert calls and D._AttentionBackendRegistry.get_active_backend() == before
+    assert "attention kernel: flex" in capsys.readouterr().out
+    rows = json.loads(out_json.read_text())["results"]
+    assert {r["mode"] for r in rows if r["method"] == "tome"} == {"merge", "merge-prop"}
+
+
+def test_attention_backend_is_checked_before_any_work(capsys):
+    assert bench(["--config", "tiny-flux", "--attention-backend", "nope"]) == 2
+    assert "diffusers knows" in capsys.readouterr().err

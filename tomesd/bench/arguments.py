@@ -109,6 +109,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", action="store_true",
                         help="torch, eager: also profile one forward of the baseline, each ToMe ratio and the "
                              "reference (torch.profiler): the ops that cost most, device time on a GPU")
+    parser.add_argument("--attention-backend", metavar="NAME", default=None,
+                        help="torch: time every configuration under this kernel of diffusers' attention dispatcher "
+                             "(native, _native_cudnn, flex, flash, sage, xformers, ...; diffusers' attention_backend), "
+                             "for the models whose processors dispatch (Flux, Wan, ...)")
     parser.add_argument("--compile-regional", action="store_true",
                         help="with --compile: compile each repeated block on its own, as diffusers recommends "
                              "(model.compile_repeated_blocks(fullgraph=True)), not the whole model")

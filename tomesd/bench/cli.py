@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import sys
@@ -45,6 +46,25 @@ def _context_parallel(settings: Any, model_name: str, json_path: Optional[str]) 
             json.dump({"schema": "tomesd-bench-cp/1", "settings": dataclasses.asdict(settings),
                        "results": [dataclasses.asdict(row) for row in rows]}, f, indent=1)
     return 0
+
+
+def _attention_kernel(name: Optional[str], settings: Any, notes: List[str]) -> Any:
+    """--attention-backend: diffusers' attention_backend context (the process-wide kernel, restored after), or a
+    context that does nothing."""
+    if name is None:
+        return contextlib.nullcontext()
+    if settings.backend != "torch":
+        raise ValueError("--attention-backend picks a kernel of diffusers' attention dispatcher (torch)")
+    try:
+        from diffusers.models.attention_dispatch import AttentionBackendName, attention_backend
+    except ImportError:
+        raise ValueError("--attention-backend: this diffusers has no attention dispatcher (0.35 or later has)") from None
+    known = [b.value for b in AttentionBackendName]
+    if name not in known:
+        raise ValueError(f"--attention-backend {name!r}: diffusers knows {', '.join(known)}")
+    notes.append(f"attention kernel: {name} (diffusers' dispatcher; processors that call torch's SDPA themselves, as "
+                 f"the UNets' and SD3's do, keep it; peak-memory probes run in fresh processes without it)")
+    return attention_backend(name)
 
 
 def _bench(argv: List[str]) -> int:
@@ -112,7 +132,11 @@ def run(args: argparse.Namespace) -> int:
           f"{settings.dtype} on {kit.name}/{settings.device}{compiled}; {n_configs} configurations interleaved",
           file=sys.stderr)
     notes: List[str] = []
-    with progress_bar(total, "UNet forwards") as bar:
+    try:
+        kernel = _attention_kernel(getattr(args, "attention_backend", None), settings, notes)
+    except ValueError as exc:
+        return _fail(str(exc))
+    with kernel, progress_bar(total, "UNet forwards") as bar:
         rows = run_unet(settings, bar.update, notes)
         if cpu_memory:
             bar.set_description("peak-memory probes")
@@ -124,7 +148,8 @@ def run(args: argparse.Namespace) -> int:
         from .measures import profiling
 
         try:
-            profiles = profiling.run(settings, kit)
+            with _attention_kernel(getattr(args, "attention_backend", None), settings, []):
+                profiles = profiling.run(settings, kit)
         except Exception as exc:  # noqa: BLE001 - a profiler that cannot run here costs the profile, not the timings
             notes.append(f"--profile failed, the timings stand: {type(exc).__name__}: {str(exc)[:300]}")
 

@@ -106,6 +106,10 @@ def entries() -> List[Entry]:
         _run("SD1.5 1024² compiled prop", 130, "sd1", "1024", half, "--compile", *COMPILED, *both),
         _run(f"{flux_title} compiled prop", 100, "flux", "1024", bf16, *flux, "--compile", *COMPILED, *both),
     ]
+    # Proportional attention's channel under other kernels of diffusers' dispatcher, beside plain ToMe under the same
+    # kernel (issue 60: at most 3% each); flash and sage run where their packages are on the machine
+    runs += [_run(f"{flux_title} prop {kernel}", 20, "flux", "1024", bf16, *flux, *EAGER, *both,
+                  "--attention-backend", kernel) for kernel in ("_native_cudnn", "flash", "sage")]
     return runs
 
 
@@ -130,6 +134,9 @@ def tiny_args(args: Sequence[str]) -> List[str]:
             next(it)
         elif arg == "--compile":
             out += ["--compile", "--compile-backend", "eager"]
+        elif arg == "--attention-backend":  # the GPU kernels: the CPU's math kernel stands in
+            next(it)
+            out += ["--attention-backend", "_native_math"]
         elif arg == "--steps":
             next(it)
             out += ["--steps", "3"]

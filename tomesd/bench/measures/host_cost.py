@@ -45,8 +45,16 @@ def count_launches(run: Callable[[], Any], by_op: bool = False) -> HostWork:
     counts: Dict[str, int] = {}
 
     class Launches(TorchDispatchMode):
+        # Higher-order ops (flex attention's kernel) pass through here too: counted as one launch each, run as called;
+        # an infra mode, so that flex attention's own torch.compile runs under it (dynamo refuses other modes)
+        supports_higher_order_operators = True
+
+        @classmethod
+        def is_infra_mode(cls) -> bool:
+            return True
+
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if not func.is_view and str(func) not in _NO_KERNEL:
+            if not getattr(func, "is_view", False) and str(func) not in _NO_KERNEL:
                 name = str(func)
                 counts[name] = counts.get(name, 0) + 1
             return func(*args, **(kwargs or {}))
