@@ -70,3 +70,25 @@ def test_a_fused_attention_whose_sdpa_was_swapped_out_is_refused_by_name(monkeyp
         monkeypatch.undo()
         tomesd.remove_patch(model)
         model.unfuse_qkv_projections()
+
+
+@pytest.mark.parametrize("settings", [dict(), dict(downsample_factor=3, downsample_method="avg",
+                                                   proportional_attention=True)], ids=["nearest", "avg-prop"])
+def test_fused_downsampling_compiles_into_one_graph_equal_to_eager(settings):
+    from probes import CountingBackend
+
+    model, run = _model("unet")
+    model.fuse_qkv_projections()
+    tomesd.apply_patch(model, mode="downsample", **settings)
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            eager = run()
+            backend = CountingBackend()
+            compiled = torch.compile(run, backend=backend, fullgraph=True)  # a graph break raises
+            outs = [compiled(), compiled()]
+    finally:
+        torch._dynamo.reset()
+        tomesd.remove_patch(model)
+        model.unfuse_qkv_projections()
+    assert backend.graphs == 1 and all(torch.equal(out, eager) for out in outs)
