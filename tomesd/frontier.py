@@ -335,7 +335,7 @@ def closest_paying(points: List[Dict[str, Any]], floor: float = FLOPS_FLOOR) -> 
 
 
 def mildest_paying(points: List[Dict[str, Any]], floor: float = FLOPS_FLOOR) -> Optional[Dict[str, Any]]:
-    """Where no yardstick prices the model (SDXL, Flux): of the points whose FLOPs ratio is at least `floor`, the one
+    """Where no yardstick prices the model (Flux): of the points whose FLOPs ratio is at least `floor`, the one
     that removes the least compute (the lowest FLOPs ratio; of equals, the first listed); None when none does."""
     paying = [p for p in points if p.get("flop_ratio") is not None and p["flop_ratio"] >= floor]
     return min(paying, key=lambda p: p["flop_ratio"]) if paying else None
