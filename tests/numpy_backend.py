@@ -91,7 +91,7 @@ class NumpyBackend:
         if inv_counts is None:
             counts = np.bincount(segments, minlength=count).astype(total.dtype)
             return total / counts.reshape((count,) + (1,) * (total.ndim - 1))
-        return total * np.asarray(inv_counts)
+        return (total * np.asarray(inv_counts)).astype(total.dtype)
 
     @staticmethod
     def prefers_kept_counts() -> bool:

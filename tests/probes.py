@@ -104,7 +104,15 @@ def assert_loop_compiles_once_and_equals_eager(model, run, steps, **patch_kwargs
     assert backend.graphs == 1
     for out, ref, base in zip(outs, eager, plain):
         assert (ref - base).abs().max() > 1e-2  # the patch acts at every step
-        assert torch.equal(out, ref)
+        assert_compiled_equals_eager(out, ref)
+
+
+def assert_compiled_equals_eager(out, ref):
+    """A compiled ToMe forward against the eager one: equal to fp32 round-off. Under a graph compiler a merge's mean is
+    a sum times the inverse counts it keeps (tome_core.token_merge: the kernels inductor lowers), eagerly torch's own
+    mean (one host call) where no counts are known: a product where the other divides."""
+    assert torch.allclose(out, ref, rtol=1e-5, atol=1e-5 * max(1.0, ref.abs().max().item())), \
+        (out - ref).abs().max().item()
 
 
 HOST_READ = "aten._local_scalar_dense.default"  # what .item(), float(t), int(t), bool(t) and .tolist() run

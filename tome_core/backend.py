@@ -49,8 +49,8 @@ class Backend(Protocol):
         x's (out[..., indices[..., k]] = x[..., k]); `indices` is x's shape, a permutation along `axis`."""
     def segment_mean(self, x: Array, segments: Array, count: int, inv_counts: Optional[Array]) -> Array:
         """[count, C]: the mean of the rows of x [R, C] with each segment id (`segments` [R] int64 in [0, count),
-        every id present at least once). Given `inv_counts` [count, 1] (1 / each segment's rows, in x's dtype),
-        their sum times it: no counting. Without, the framework's own mean (fewest calls from the host)."""
+        every id present at least once). Given `inv_counts` [count, 1] (1 / each segment's rows, float32), their
+        sum times it, in x's dtype: no counting. Without, the framework's own mean (fewest calls from the host)."""
     def prefers_kept_counts(self) -> bool:
         """Whether a merge should count its rows once and take every mean as a sum times their inverse (fewest
         kernels) rather than the framework's own mean (fewest host calls): torch while a graph compiler traces,

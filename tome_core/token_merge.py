@@ -31,8 +31,10 @@ class TokenMerge:
         # a sequence with text in front then merges and unmerges over one map of its whole length (_whole_rows)
         self._memo = memo
         self._whole: dict = {}  # text length -> that map [B * (T + N)], built once per merge
-        self._whole_inv: dict = {}  # (text length, dtype) -> that map's inverse counts [B * (T + M), 1]
-        self._inv_rows: dict = {}  # dtype -> the inverse counts [B * M, 1] in that dtype, for segment_mean
+        self._whole_inv: dict = {}  # text length -> that map's inverse counts [B * (T + M), 1] (float32)
+        # [B * M, 1] float32 inverse counts for segment_mean (a half-precision mean is scaled in float32 and rounded
+        # once, as a division would be: 1/3 in bfloat16 is 0.2% off)
+        self._inv_flat: Any = None
         self._flat_rows = flat_rows  # [B*N] row of the flattened merged tensor for each token
         # [B, M, 1] float32, 1 / tokens in each merged row; None: counted from the rows when first asked for (a mean
         # merge needs no counts: proportional attention and token restoring ask)
@@ -63,9 +65,9 @@ class TokenMerge:
         xp, b, m = self._xp, self.batch, self.num_merged
         flat = xp.reshape(x, [b * self.num_tokens, c])
         if mode == "mean":
-            inv = self._inv_rows.get(x.dtype)
+            inv = self._inv_flat
             if inv is None and (self._kept_counts or self._inv_counts is not None):
-                inv = self._inv_rows_like(x)
+                inv = self._inv_flat = xp.reshape(self.inv_counts, [b * m, 1])
             return xp.reshape(xp.segment_mean(flat, self._flat_rows, b * m, inv), [b, m, c])
         target = xp.zeros([b * m, c], x)
         if mode == "sum":
@@ -90,9 +92,9 @@ class TokenMerge:
         b, s, c = xp.shape(x)
         if s == self.num_tokens and b == self.batch:  # _merged's mean inline: every merging site of every block
             m = self.num_merged
-            inv = self._inv_rows.get(x.dtype)
+            inv = self._inv_flat
             if inv is None and (self._kept_counts or self._inv_counts is not None):
-                inv = self._inv_rows_like(x)
+                inv = self._inv_flat = xp.reshape(self.inv_counts, [b * m, 1])
             return xp.reshape(xp.segment_mean(xp.reshape(x, [b * s, c]), self._flat_rows, b * m, inv), [b, m, c])
         if b != self.batch or s < self.num_tokens:
             raise self._wrong(x, self.num_tokens, "merge")
@@ -100,9 +102,9 @@ class TokenMerge:
             t, m = s - self.num_tokens, self.num_merged
             rows = self._whole.get(t)
             rows = self._whole_rows(t) if rows is None else rows
-            inv = self._whole_inv.get((t, x.dtype))
+            inv = self._whole_inv.get(t)
             if inv is None and (self._kept_counts or self._inv_counts is not None):
-                inv = self._whole_inv_like(t, x)
+                inv = self._whole_inv_of(t)
             return xp.reshape(xp.segment_mean(xp.reshape(x, [b * s, c]), rows, b * (t + m), inv), [b, t + m, c])
         return self._xp.concat([x[:, : s - self.num_tokens], self._merged(x[:, s - self.num_tokens:], c)], 1)
 
@@ -138,19 +140,12 @@ class TokenMerge:
         self._whole[text] = rows
         return rows
 
-    def _inv_rows_like(self, x: Any) -> Any:
-        """[B * M, 1]: the inverse counts in x's dtype and on its device, kept for the merge's other sites."""
-        xp, rows = self._xp, self.batch * self.num_merged
-        inv = xp.astype_like(xp.reshape(self.inv_counts, [rows, 1]), x)
-        self._inv_rows[x.dtype] = inv
-        return inv
-
-    def _whole_inv_like(self, text: int, x: Any) -> Any:
-        """[B * (T + M), 1]: _whole_rows' inverse counts in x's dtype (1 for each text row, alone in its row)."""
+    def _whole_inv_of(self, text: int) -> Any:
+        """[B * (T + M), 1]: _whole_rows' float32 inverse counts (1 for each text row, alone in its row), kept."""
         xp, b, m = self._xp, self.batch, self.num_merged
         image = xp.reshape(self.inv_counts, [b, m])
-        inv = xp.astype_like(xp.reshape(xp.concat([xp.zeros([b, text], image) + 1.0, image], 1), [b * (text + m), 1]), x)
-        self._whole_inv[(text, x.dtype)] = inv
+        inv = xp.reshape(xp.concat([xp.zeros([b, text], image) + 1.0, image], 1), [b * (text + m), 1])
+        self._whole_inv[text] = inv
         return inv
 
     # A sequence [B, S, C] whose first N tokens are the image (text after it, as in HunyuanVideo's single blocks):

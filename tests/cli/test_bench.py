@@ -691,3 +691,20 @@ def test_attention_backend_times_every_configuration_under_that_kernel(tmp_path,
 def test_attention_backend_is_checked_before_any_work(capsys):
     assert bench(["--config", "tiny-flux", "--attention-backend", "nope"]) == 2
     assert "diffusers knows" in capsys.readouterr().err
+
+
+def test_an_attention_backend_this_machine_cannot_run_is_an_error_not_a_traceback(monkeypatch, capsys):
+    """diffusers checks a kernel's requirements (flash-attn, sageattention) as its context enters."""
+    import contextlib
+
+    from diffusers.models import attention_dispatch as D
+
+    @contextlib.contextmanager
+    def missing(name):
+        raise RuntimeError(f"Flash Attention backend {name!r} is not usable because of missing package")
+        yield
+
+    monkeypatch.setattr(D, "attention_backend", missing)
+    assert bench(["--config", "tiny-flux", "--res", "64", "--repeats", "1", "--no-memory",
+                  "--attention-backend", "flash"]) == 2
+    assert "--attention-backend: Flash Attention backend 'flash' is not usable" in capsys.readouterr().err

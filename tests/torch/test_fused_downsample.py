@@ -72,23 +72,47 @@ def test_a_fused_attention_whose_sdpa_was_swapped_out_is_refused_by_name(monkeyp
         model.unfuse_qkv_projections()
 
 
+@pytest.mark.parametrize("fused_first", [True, False], ids=["fused-before-apply", "fused-after-apply"])
 @pytest.mark.parametrize("settings", [dict(), dict(downsample_factor=3, downsample_method="avg",
                                                    proportional_attention=True)], ids=["nearest", "avg-prop"])
-def test_fused_downsampling_compiles_into_one_graph_equal_to_eager(settings):
+def test_fused_downsampling_compiles_into_one_graph_equal_to_eager(settings, fused_first):
+    """Compiled before any eager call. Fused before apply_patch (or with proportional attention) the SDPA seam is
+    open from the start: one graph. Fused after it, without weights, the seam opens in the first trace, and the
+    next call compiles once more (then no more)."""
     from probes import CountingBackend
 
     model, run = _model("unet")
-    model.fuse_qkv_projections()
+    if fused_first:
+        model.fuse_qkv_projections()
     tomesd.apply_patch(model, mode="downsample", **settings)
+    if not fused_first:
+        model.fuse_qkv_projections()
     torch._dynamo.reset()
     try:
         with torch.no_grad():
-            eager = run()
             backend = CountingBackend()
             compiled = torch.compile(run, backend=backend, fullgraph=True)  # a graph break raises
-            outs = [compiled(), compiled()]
+            outs = [compiled(), compiled(), compiled()]
+            eager = run()
     finally:
         torch._dynamo.reset()
         tomesd.remove_patch(model)
         model.unfuse_qkv_projections()
-    assert backend.graphs == 1 and all(torch.equal(out, eager) for out in outs)
+    assert backend.graphs == (1 if fused_first or settings else 2) and all(torch.equal(out, eager) for out in outs)
+
+
+def test_average_pooling_of_keys_normalised_after_a_fused_projection_is_refused_by_name():
+    """qk-norm after to_qkv: the mean of normalised keys is not the normalised mean, so avg is refused there."""
+    model, run = _model("unet")
+    for attn in [m for name, m in model.named_modules() if name.endswith("attn1")]:
+        attn.norm_k = torch.nn.LayerNorm(attn.inner_dim // attn.heads)  # as a model with qk-norm has
+    model.fuse_qkv_projections()
+    with pytest.raises(ValueError, match="downsample_method='nearest'"):
+        tomesd.apply_patch(model, mode="downsample", downsample_method="avg")
+    tomesd.apply_patch(model, mode="downsample")  # nearest: taking every n-th key commutes with the norm
+    try:
+        with torch.no_grad():
+            run()
+    finally:
+        tomesd.remove_patch(model)
+        model.unfuse_qkv_projections()

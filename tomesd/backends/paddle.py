@@ -124,7 +124,9 @@ class PaddleArrays:
                      inv_counts: Optional[paddle.Tensor]) -> paddle.Tensor:
         # ppdiffusers' own merge: a sum, then times the inverse counts (its numerics, kept for parity with it)
         if inv_counts is None:
-            inv_counts = (1.0 / self.counts(segments, count)).reshape([count, 1]).astype(x.dtype)
+            inv_counts = (1.0 / self.counts(segments, count)).reshape([count, 1])
+        if inv_counts.dtype != x.dtype:
+            inv_counts = inv_counts.astype(x.dtype)
         return self.scatter_add(self.zeros([count, x.shape[1]], x), segments, x) * inv_counts
 
     @staticmethod

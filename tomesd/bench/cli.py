@@ -132,10 +132,11 @@ def run(args: argparse.Namespace) -> int:
           f"{settings.dtype} on {kit.name}/{settings.device}{compiled}; {n_configs} configurations interleaved",
           file=sys.stderr)
     notes: List[str] = []
-    try:
-        kernel = _attention_kernel(getattr(args, "attention_backend", None), settings, notes)
-    except ValueError as exc:
-        return _fail(str(exc))
+    kernel = contextlib.ExitStack()
+    try:  # diffusers checks the kernel's requirements (flash-attn, sageattention installed) as it enters
+        kernel.enter_context(_attention_kernel(getattr(args, "attention_backend", None), settings, notes))
+    except (ValueError, RuntimeError, ImportError) as exc:
+        return _fail(f"--attention-backend: {exc}" if "--attention-backend" not in str(exc) else str(exc))
     with kernel, progress_bar(total, "UNet forwards") as bar:
         rows = run_unet(settings, bar.update, notes)
         if cpu_memory:

@@ -147,18 +147,25 @@ class FusedKeys(SiteHook):
             arm_fused(self.patch, module, down, call)
 
 
+def open_fused_seam(patch: Any) -> Any:
+    """torch's SDPA seam, where a fused attention's keys shrink and are weighed (arm_fused): opened for this patch
+    unless it is open already as the key weights' seam."""
+    seam = patch.host.key_weight_seam()
+    if patch.key_seam is not seam and patch.fused_seam is None:
+        patch.fused_seam = seam
+        seam.open(patch)
+    return seam
+
+
 def arm_fused(patch: Any, attention: Any, down: Any, call: Any) -> None:
     """The fused `attention`'s next SDPA call takes its image keys and values downsampled by `down` (and weighs them,
     under proportional attention): the host's SDPA seam, opened for this patch at the first fused attention. An
     arming its attention left untaken (no SDPA call inside: a function swapped in for torch's) is refused at the
     next one."""
-    check_fused(attention, patch.host)
-    seam = patch.key_seam
-    if seam is None:
-        if patch.fused_seam is None:
-            patch.fused_seam = patch.host.key_weight_seam()
-            patch.fused_seam.open(patch)
-        seam = patch.fused_seam
+    check_fused(attention, patch.host, patch.args.downsample_method)
+    # Opened at install where the attention was fused already, else here (fused after apply_patch: a compile traced
+    # before any eager call then compiles once more)
+    seam = open_fused_seam(patch)
     eager = None if call is None else call.eager
     if eager is not False:
         left = seam.armed()

@@ -77,19 +77,28 @@ def fused(attn: Any) -> bool:
     return fused_processor and getattr(attn, "to_kv", None) is None
 
 
-def check_fused(attn: Any, host: Any) -> None:
+def check_fused(attn: Any, host: Any, method: str = "nearest") -> None:
     """A fused processor runs to_qkv where downsampling needs the keys' input alone: it shrinks the keys inside the
-    processor's SDPA call instead, where the host has that seam and the processor is one of diffusers' known ones."""
-    if fused(attn) and (getattr(host, "shrunk_keys", None) is None
-                        or type(getattr(attn, "processor", None)).__name__ not in FUSED_SDPA_PROCESSORS):
+    processor's SDPA call instead, where the host has that seam and the processor is one of diffusers' known ones.
+    Keys normalised after the projection (qk-norm) are not linear in the tokens: the mean of a cell's normalised
+    keys is not the normalised key of its mean, so average pooling is refused there (taking every n-th is exact)."""
+    if not fused(attn):
+        return
+    if getattr(host, "shrunk_keys", None) is None \
+            or type(getattr(attn, "processor", None)).__name__ not in FUSED_SDPA_PROCESSORS:
         raise ValueError(FUSED_QKV)
+    if method == "avg" and getattr(attn, "norm_k", None) is not None:
+        raise ValueError(
+            f"downsample_method='avg' cannot run on fused QKV projections of {type(attn).__name__}, which normalises "
+            f"its keys after projecting them (the mean of normalised keys is not the normalised mean): use "
+            f"downsample_method='nearest', or call unfuse_qkv_projections() first")
 
 
-def check_projections(attn: Any, host: Any) -> None:
+def check_projections(attn: Any, host: Any, method: str = "nearest") -> None:
     """Downsampling at to_k / to_v needs a processor that projects the image through them once per call (or a
     fused one check_fused accepts); a PAG processor splits the batch and runs a second attention whose mask
     addresses every token."""
-    check_fused(attn, host)
+    check_fused(attn, host, method)
     processor = type(getattr(attn, "processor", None)).__name__
     if "PAG" in processor:
         raise ValueError(
@@ -111,10 +120,10 @@ def check_dispatch(attn: Any, block_name: str, host: Any) -> None:
         )
 
 
-def check_downsample_way(attn: Any, way: Any, block_name: str, host: Any) -> None:
+def check_downsample_way(attn: Any, way: Any, block_name: str, host: Any, method: str = "nearest") -> None:
     """What a processor swapped in after apply_patch could break, checked at each call."""
     if way.via == "projections":
-        check_projections(attn, host)
+        check_projections(attn, host, method)
     elif way.via == "dispatch":
         check_dispatch(attn, block_name, host)
 
@@ -206,9 +215,9 @@ def _validate_downsample(patch: Any) -> None:
                 check_dispatch(attn, type(block).__name__, patch.host)
                 continue
             if way.via == "projections":
-                check_projections(attn, patch.host)
+                check_projections(attn, patch.host, patch.args.downsample_method)
             else:
-                check_fused(attn, patch.host)
+                check_fused(attn, patch.host, patch.args.downsample_method)
             if way.via == "context" and InputSpec.find(attn, CONTEXT, first_positional=False) is None:
                 raise ValueError(
                     f"mode='downsample' passes keys and values to self-attention through its context "

@@ -10,7 +10,7 @@ from . import guards
 from ..layouts.entries import MASK_AXES, MASK_AXES_OR_REFUSED, SLICED_MASKS, BlockKind, Span, sublayer
 from ..layouts.signatures import CONTEXT, MASK, TOKENS, InputSpec
 from .downsample_sites import CheckWeighed, DownsampleContext, DownsampleDispatch, DownsampleProjection, \
-    DownsampleRestore, FusedKeys
+    DownsampleRestore, FusedKeys, open_fused_seam
 from .key_masks import MaskSlice
 from .key_weights import WeighSpanKeys, open_key_seam, weighs
 from .sites import MergeSite
@@ -50,6 +50,8 @@ def install_downsample(patch: Any, index: int, block: Any, kind: BlockKind) -> N
         if attn is None:
             continue
         tokens = InputSpec.find(attn, TOKENS, first_positional=True)
+        if way.via != "dispatch" and guards.fused(attn):  # its keys shrink at SDPA: the seam opened now, not in a trace
+            open_fused_seam(patch)
         if patch.args.restore_tokens and way.via != "dispatch":  # outermost of this patch's links: reruns them
             host.add_inner_wrapper(attn, DownsampleRestore(patch, index, tokens).wrap, patch)
             track(patch, attn)

@@ -79,7 +79,8 @@ class BlockEntry(SiteHook):
                 # The processor may have been swapped after apply_patch: checked again whenever it is another one.
                 processor = getattr(attn, "processor", attn)
                 if attn is not None and (not call.eager or checked.get((index, way.attention)) is not processor):
-                    guards.check_downsample_way(attn, way, type(module).__name__, patch.host)
+                    guards.check_downsample_way(attn, way, type(module).__name__, patch.host,
+                                                patch.args.downsample_method)
                     if call.eager:
                         checked[(index, way.attention)] = processor
         call.merges.pop(index, None)

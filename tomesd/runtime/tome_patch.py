@@ -233,6 +233,8 @@ class ToMePatch:
                 call.watch = CallWatch(self.observers, type(module).__name__)
             if self.seam is not None:
                 self.seam.cover_new_backends()
+            elif self.key_seam is not None and hasattr(self.key_seam, "cover_new_backends"):
+                self.key_seam.cover_new_backends()  # the weights at the dispatch (key_weights)
         latent = self.latent_spec.get(args, kwargs)
         if latent is None:
             raise TypeError(f"ToMe found no '{self.latent_spec.name}' input in this call of {type(module).__name__}")
