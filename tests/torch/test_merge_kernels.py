@@ -62,7 +62,10 @@ def test_under_a_graph_compiler_every_mean_is_a_sum_times_kept_counts(dtype):
         return u(torch.tanh(m(x)))
 
     torch._dynamo.reset()
-    out = torch.compile(merged, backend=backend, fullgraph=True)(x)
+    try:
+        out = torch.compile(merged, backend=backend, fullgraph=True)(x)
+    finally:
+        torch._dynamo.reset()  # no compiled code left for the tests after this one
     targets = graphs[0]
     assert "scatter_reduce_" not in targets and "index_add_" in targets, sorted(targets)
     torch.testing.assert_close(out, merged(x), rtol=1e-3 if dtype is torch.float16 else 1e-6, atol=1e-3 if dtype is torch.float16 else 1e-6)

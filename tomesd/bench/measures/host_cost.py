@@ -65,19 +65,28 @@ def count_launches(run: Callable[[], Any], by_op: bool = False) -> HostWork:
 
 
 def count_python_calls(run: Callable[[], Any]) -> int:
-    """Calls of Python functions while `run()` runs (sys.setprofile's "call" events, this thread)."""
+    """Calls of Python functions while `run()` runs (sys.setprofile's "call" events, this thread). The garbage
+    collector is run before and held off during it: a collection inside would count the callbacks of whatever it
+    frees (torch.compile's weak references to the tensors of graphs compiled earlier in the process), not the run's."""
+    import gc
+
     count = [0]
 
     def profile(frame: Any, event: str, arg: Any) -> None:
         if event == "call":
             count[0] += 1
 
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
     previous = sys.getprofile()
     sys.setprofile(profile)
     try:
         run()
     finally:
         sys.setprofile(previous)
+        if enabled:
+            gc.enable()
     return count[0] - 1  # the first event is run() itself
 
 
