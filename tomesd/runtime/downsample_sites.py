@@ -47,14 +47,9 @@ class DownsampleContext(SiteHook):
         at = context.index is not None and len(args) > context.index
         if (args[context.index] if at else kwargs.get(context.name)) is not None:
             return None  # keys/values already come from elsewhere (only_cross_attention): nothing to downsample
-        processor = getattr(module, "processor", None)
-        is_fused = False
-        if call is not None and not call.eager:  # traced: asked as the graph is made, nothing kept (it would be guarded)
-            is_fused = fused(module)
-        elif processor is None or processor is not self._unfused:
-            is_fused = fused(module)
-            # A processor whose type is no fused one never is (fused() asks its type first): kept, not asked again
-            self._unfused = processor if "Fused" not in type(processor).__name__ else None
+        processor = getattr(module, "processor", None)  # fused_now's kept answer inline: every downsampled attention
+        is_fused = False if processor is not None and processor is self._unfused and (call is None or call.eager) \
+            else fused_now(self, module, call)
         mask = self.mask  # InputSpec.get inline
         if (args[mask.index] if mask.index is not None and len(args) > mask.index else kwargs.get(mask.name)) \
                 is not None:
@@ -136,15 +131,28 @@ class FusedKeys(SiteHook):
 
     def pre(self, module: Any, args: tuple, kwargs: dict) -> None:
         processor = getattr(module, "processor", None)
-        if processor is self._unfused and processor is not None:
-            return
-        if not fused(module):
-            self._unfused = processor if "Fused" not in type(processor).__name__ else None
+        if processor is not None and processor is self._unfused:  # fused_now's kept answer inline: every attention
             return
         call = self.patch.calls.top()
+        if not fused_now(self, module, call):
+            return
         down = self.patch.block_merge(call, self.index, args[0] if args else kwargs.get("hidden_states"))
         if down is not None:
             arm_fused(self.patch, module, down, call)
+
+
+def fused_now(hook: Any, module: Any, call: Any) -> bool:
+    """Whether the attention `module` runs fused now (guards.fused). Eagerly, a processor found unfused is kept on
+    `hook._unfused` and not asked about again until it changes (fused() asks its type first); traced, it is asked as the
+    graph is made and nothing is kept (it would be guarded)."""
+    processor = getattr(module, "processor", None)
+    if call is not None and not call.eager:
+        return fused(module)
+    if processor is not None and processor is hook._unfused:
+        return False
+    is_fused = fused(module)
+    hook._unfused = processor if "Fused" not in type(processor).__name__ else None
+    return is_fused
 
 
 def open_fused_seam(patch: Any) -> Any:

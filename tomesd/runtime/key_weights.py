@@ -39,7 +39,11 @@ def weigh_at_dispatch_where_all_dispatch(patch: Any) -> None:
         attention = getattr(block, kind.self_attention or "", None)
         if attention is None or not dispatches(getattr(attention, "processor", None)):
             return
-    seam = patch.host.attention_seam()
+    _weigh_at(patch, patch.host.attention_seam())
+
+
+def _weigh_at(patch: Any, seam: Any) -> None:
+    """The patch's key weights move to `seam` (diffusers' attention dispatch)."""
     if patch.key_seam is not seam:
         patch.key_seam.close(patch)
         patch.key_seam = seam
@@ -63,9 +67,7 @@ def weigh_at_dispatch(patch: Any) -> None:
                 f"dispatch, before the ranks exchange them, and {type(processor).__name__} of "
                 f"{type(block).__name__} does not call it; use a processor that calls dispatch_attention_fn, or "
                 f"apply_patch with proportional_attention=False")
-    patch.key_seam.close(patch)
-    patch.key_seam = seam
-    seam.open(patch)
+    _weigh_at(patch, seam)
 
 
 def arm(patch: Any, merge: Any, image_keys_first: bool, uses: int = 1) -> None:
