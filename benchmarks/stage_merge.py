@@ -117,6 +117,14 @@ def merged_blocks(unet, max_downsample, x, t, c):
     return sum(seen)
 
 
+# Each stage setting against the per-block setting of the same ratio, levels and attention weighing.
+PER_BLOCK_OF = {"stage r=0.5 md4": "per-block r=0.5 md4 attn+xattn+mlp",
+                "stage r=0.25 md4": "per-block r=0.25 md4 attn+xattn+mlp",
+                "stage r=0.5 md2": "per-block r=0.5 md2 attn+xattn+mlp",
+                "stage r=0.5 md4 prop": "per-block r=0.5 md4 attn+xattn+mlp prop",
+                "stage r=0.75 md4 prop": "per-block r=0.75 md4 attn+xattn+mlp prop"}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--images", type=int, default=64)
@@ -160,7 +168,7 @@ def main() -> None:
     c = M.context(labels_embedding, torch.tensor([1, M.NULL_CLASS]))
     with torch.no_grad():
         plain = host_work(lambda: unet(x, t, c))
-    rows = []
+    rows, per_image = [], {}
     for name, kind, kw in settings:
         if kind == "block":
             tomesd.apply_patch(unet, **kw)
@@ -175,7 +183,14 @@ def main() -> None:
             remove()
         blocks = merged_blocks(unet, kw["max_downsample"], x, t, c)
         close = metrics.closeness(images, base)
+        per_image[name] = metrics.psnr_per_image(images, base)
         row = dict(name=name, **close, merged_blocks=blocks, **added.per(blocks))
+        counterpart = PER_BLOCK_OF.get(name)
+        if counterpart in per_image:
+            # Paired over the same noise: the spread between images cancels, so a difference far below the
+            # unpaired resolution is resolved.
+            diff = per_image[name] - per_image[counterpart]
+            row.update(vs=counterpart, paired_db=float(diff.mean()), paired_se=metrics.standard_error(diff))
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.json:
