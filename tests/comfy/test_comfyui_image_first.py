@@ -132,9 +132,9 @@ def test_proportional_attention_weighs_the_image_keys_where_they_sit(family, mon
     model = _model(family)
     args, conds = _inputs(family)
     weighed = []
-    weigh = torch_sdpa.KeyWeights.__call__
-    monkeypatch.setattr(torch_sdpa.KeyWeights, "__call__", lambda self, fn, q, k, *a, **kw: weighed.append(
-        (self.first, self.log_sizes.shape[-1], k.shape[-2])) or weigh(self, fn, q, k, *a, **kw))
+    weigh = torch_sdpa.KeyWeights.widened_for_default_scale  # at ComfyUI's attention override
+    monkeypatch.setattr(torch_sdpa.KeyWeights, "widened_for_default_scale", lambda self, q, k, *a: weighed.append(
+        (self.first, self.log_sizes.shape[-1], k.shape[-2])) or weigh(self, q, k, *a))
     plain = comfy_host.run(ToMe().patch(model, 0.5, 0.0, 0.0, "auto", "", True, 1, 0.0, 1.0, "", False)[0], *args,
                            **conds)
     out = comfy_host.run(ToMe().patch(model, 0.5, 0.0, 0.0, "auto", "", True, 1, 0.0, 1.0, "", True)[0], *args, **conds)

@@ -162,8 +162,8 @@ def test_todo_is_refused_at_the_node(name, family):
 @pytest.mark.parametrize("name", ["zimage", "ltxv"])
 def test_proportional_attention_weighs_the_merged_keys_under_pytorch_attention(name, monkeypatch):
     """Under ComfyUI's pytorch attention (--use-pytorch-cross-attention) each merged self-attention weighs its keys,
-    the caption's and pads' as one token each; the output moves. (Under the sub-quadratic attention ComfyUI picks on
-    a CPU the first call refuses, naming the switch: test_comfyui_proportional.py.)"""
+    the caption's and pads' as one token each; the output moves. (Every other attention of ComfyUI's:
+    test_comfyui_attention_kernels.py.)"""
     import comfy.ldm.lumina.model as lumina
     import comfy.ldm.modules.attention as attention
     from tomesd.backends import torch_sdpa
@@ -177,9 +177,9 @@ def test_proportional_attention_weighs_the_merged_keys_under_pytorch_attention(n
     settings = (model, 0.5, 0.0, 0.0, "auto", "", True, 1, 0.0, 1.0, "")
     plain = comfy_host.run(node.patch(*settings, False)[0], *args, **conds)
     weighed = []
-    weigh = torch_sdpa.KeyWeights.__call__
-    monkeypatch.setattr(torch_sdpa.KeyWeights, "__call__",
-                        lambda self, fn, *a, **k: weighed.append(self.log_sizes) or weigh(self, fn, *a, **k))
+    weigh = torch_sdpa.KeyWeights.widened_for_default_scale  # at ComfyUI's attention override
+    monkeypatch.setattr(torch_sdpa.KeyWeights, "widened_for_default_scale",
+                        lambda self, *a: weighed.append(self.log_sizes) or weigh(self, *a))
     out = comfy_host.run(node.patch(*settings, True)[0], *args, **conds)
     assert len(weighed) == (3 if name == "zimage" else 2)  # every merged block's self-attention
     if name == "zimage":  # the main layers' caption (32) and pads (28) weigh as one token each: log 1 = 0

@@ -1,7 +1,7 @@
 """The ToMe node's proportional_attention on ComfyUI's own models: under ComfyUI's pytorch attention (its default
-on NVIDIA GPUs) every merged self- or joint attention weighs its keys (SD3.5's second self-attention too), and the
-output moves; under any other attention (the sub-quadratic one ComfyUI picks on a CPU) the first call refuses,
-naming the switch that works."""
+on NVIDIA GPUs) every merged self- or joint attention weighs its keys at ComfyUI's attention override (SD3.5's second
+self-attention too), and the output moves; an attention call that bypasses the override and is not torch's SDPA is
+refused at the first call, naming the switch that works. (Every attention function: test_comfyui_attention_kernels.py.)"""
 import importlib
 
 import pytest
@@ -45,9 +45,9 @@ def test_every_merged_attention_weighs_its_keys(family, per_site, pytorch_attent
     args, conds = _inputs(family)
     plain = comfy_host.run(tome(model, False), *args, **conds)
     weighed = []
-    weigh = torch_sdpa.KeyWeights.__call__
-    monkeypatch.setattr(torch_sdpa.KeyWeights, "__call__",
-                        lambda self, fn, *a, **k: weighed.append(self.log_sizes.shape) or weigh(self, fn, *a, **k))
+    weigh = torch_sdpa.KeyWeights.widened_for_default_scale  # at ComfyUI's attention override
+    monkeypatch.setattr(torch_sdpa.KeyWeights, "widened_for_default_scale",
+                        lambda self, *a: weighed.append(self.log_sizes.shape) or weigh(self, *a))
     patched = tome(model, True)
     with tomesd.observe(patched) as seen:
         out = comfy_host.run(patched, *args, **conds)
@@ -59,10 +59,15 @@ def test_every_merged_attention_weighs_its_keys(family, per_site, pytorch_attent
         assert (out - plain).abs().max() > 1e-3
 
 
-def test_an_attention_that_is_not_torchs_sdpa_is_refused_naming_the_switch(monkeypatch):
+def test_an_attention_call_that_drops_transformer_options_and_is_not_torchs_sdpa_is_refused(monkeypatch):
+    """Code that calls ComfyUI's attention without the model call's transformer_options never meets the override
+    (test_comfyui_attention_kernels.py); under a kernel other than torch's SDPA its keys go unweighed: refused."""
     attention = importlib.import_module("comfy.ldm.modules.attention")
-    monkeypatch.setattr(importlib.import_module("comfy.ldm.flux.math"), "optimized_attention",
-                        attention.attention_sub_quad)  # what ComfyUI picks on a CPU
+
+    def without_options(*args, transformer_options=None, **kwargs):
+        return attention.attention_sub_quad(*args, **kwargs)  # what ComfyUI picks on a CPU
+
+    monkeypatch.setattr(importlib.import_module("comfy.ldm.flux.math"), "optimized_attention", without_options)
     model = _model("flux")
     args, conds = _inputs("flux")
     with pytest.raises(RuntimeError, match="--use-pytorch-cross-attention"):

@@ -66,6 +66,24 @@ class KeyWeights:
         width = value.shape[-1]
         return query, key, F.pad(value, (0, pad)) if width == size else value, scale, width
 
+    def widened_for_default_scale(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                  pad: int) -> tuple:
+        """For a kernel that takes no scale and divides the scores by the square root of the head size it is given
+        (ComfyUI's attention functions), [B, heads, S, D] in: (query, key, value of D + `pad` channels, D). The
+        query is stretched by sqrt((D + pad) / D), so the kernel's scale over the wider head is the original head's.
+        The bias's product is split evenly between the query's channel and the key's (D ** 0.25 each way), so that
+        neither stands far outside the head's range where a kernel quantizes queries and keys by blocks
+        (SageAttention's int8)."""
+        size, length = query.shape[-1], key.shape[2]
+        stretch, even = math.sqrt((size + pad) / size), size ** 0.25
+        bias = self.bias(length, key.shape[0], 1.0 / even, key.dtype)  # log(size) * D ** 0.25
+        bias = bias[:, None, :, None].expand(*key.shape[:-1], 1)
+        query = torch.cat([query * stretch, query.new_full((*query.shape[:-1], 1), stretch * even),
+                           query.new_zeros(*query.shape[:-1], pad - 1)], -1)
+        key = torch.cat([key, bias, key.new_zeros(*key.shape[:-1], pad - 1)], -1)
+        width = value.shape[-1]
+        return query, key, F.pad(value, (0, pad)) if width == size else value, width
+
     def __call__(self, fn: Callable, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0, is_causal: bool = False,
                  scale: Optional[float] = None, **rest: Any) -> torch.Tensor:

@@ -18,6 +18,7 @@ from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..runtime.tome_patch import ToMePatch
+from .comfyui_attention import with_override
 from .targets import PATCH_FINDERS, build_patches
 
 WRAPPER_KEY = "tomesd"
@@ -82,6 +83,12 @@ class ComfyToMe:
         _refuse_attn1_patches(patch, options)
         patch.install(mark=False)
         try:
+            if patch.key_seam is not None:  # proportional attention: weighed under whichever attention ComfyUI runs
+                options = with_override(options, patch.key_seam)
+                if "transformer_options" in kwargs or len(args) <= 5:
+                    kwargs = dict(kwargs, transformer_options=options)
+                else:
+                    args = args[:5] + (options,) + args[6:]
             if self.args.ratio_schedule is not None:
                 patch.host_ratio = self.args.ratio_at(progress or 0.0)
             return executor(*args, **kwargs)

@@ -85,7 +85,8 @@ def check_weighed(patch: Any, where: Any) -> None:
             f"{type(where).__name__} ran on merged tokens and {how} made no call of it (its own softmax, xformers, "
             f"sub-quadratic or sage attention, a flash-attn backend); turn proportional_attention off, or run the "
             f"attention through torch's SDPA (diffusers: an SDPA processor or the 'native' attention backend; "
-            f"ComfyUI: --use-pytorch-cross-attention)")
+            f"ComfyUI, where this attention call bypassed ComfyUI's attention override: "
+            f"--use-pytorch-cross-attention)")
 
 
 class WeighSpanKeys:
