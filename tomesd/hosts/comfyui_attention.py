@@ -69,7 +69,7 @@ class WeighingOverride:
         split = not rest.pop("skip_reshape", False)
         if weights.uniform and key.shape[1 if split else 2] == weights.log_sizes.shape[-1]:
             return self._run(func, args, kwargs)  # every key holds as many tokens: the weights cancel
-        if split:  # [B, S, heads * D] -> [B, heads, S, D], as ComfyUI's functions read them (SD3's values come [B, S, heads, D])
+        if split:  # [B, S, heads * D] -> [B, heads, S, D], as ComfyUI's functions read them (SD3's values come 4-D)
             batch, size = query.shape[0], query.shape[-1] // heads
             query, key, value = (t.reshape(batch, -1, heads, size).transpose(1, 2) for t in (query, key, value))
         gather = rest.pop("skip_output_reshape", False)
