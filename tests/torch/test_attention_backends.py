@@ -60,3 +60,25 @@ def test_proportional_attention_runs_under_each_kernel(kind, backend, setting):
         tomesd.remove_patch(model)
     assert (under - unweighed).abs().max() > 100 * TOL  # the weights act under this kernel
     assert torch.allclose(under, default, rtol=0, atol=TOL)
+
+
+def test_an_attention_that_skips_the_dispatch_is_refused_naming_the_dispatch(monkeypatch):
+    """With the weights at diffusers' dispatch, an attention computed without it (a processor's own softmax) would run
+    unweighed: the first call refuses, naming the dispatch and what works."""
+    import diffusers.models.transformers.transformer_wan as wan
+
+    def own_softmax(query, key, value, **_):  # [B, S, heads, D], as the dispatch takes them
+        q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+        scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+        return (scores.softmax(-1) @ v).transpose(1, 2)
+
+    model, x = T.wan(), T.wan_inputs(batch=1)
+    tomesd.apply_patch(model, ratio=0.5, proportional_attention=True)
+    try:
+        monkeypatch.setattr(wan, "dispatch_attention_fn", own_softmax)
+        with pytest.raises(RuntimeError, match=r"weighs merged keys in diffusers' attention dispatch "
+                                               r"\(dispatch_attention_fn\).*made no call of it.*calls "
+                                               r"dispatch_attention_fn"):
+            _run(model, x)
+    finally:
+        tomesd.remove_patch(model)

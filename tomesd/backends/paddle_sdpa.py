@@ -105,6 +105,10 @@ class PaddleSdpaSeam(Seam):
     """The process's wrapped ppdiffusers attention functions: one instance, shared by every paddle patch that weighs
     keys."""
 
+    # What a refusal names when an armed attention made no call of it (key_weights.check_weighed)
+    weighs_in = "ppdiffusers' attention (scaled_dot_product_attention_ or Attention.get_attention_scores)"
+    remedy = "use one of ppdiffusers' own attention processors"
+
     def __reduce__(self) -> str:  # a copied patch shares the process's seam
         return "PADDLE_SDPA_SEAM"
 

@@ -48,6 +48,10 @@ class DispatchSeam(Seam):
         # Called eagerly with (image keys before, after) at each downsampling: the benchmark's token count.
         self.observers: List[Callable[[int, int], None]] = []
 
+    # What a refusal names when an attention armed for proportional attention made no call of it
+    weighs_in = "diffusers' attention dispatch (dispatch_attention_fn)"
+    remedy = "give the attention a processor that calls dispatch_attention_fn (its model's default processor)"
+
     def __reduce__(self) -> str:  # a copied patch shares the process's seam
         return "SEAM"
 

@@ -163,6 +163,12 @@ class SdpaSeam(Seam):
     An arming may be for several calls (a span whose merged tokens meet several attentions: SD3.5's second
     self-attention in ComfyUI's MMDiT)."""
 
+    # What a refusal names when an armed attention made no call of it (key_weights.check_weighed)
+    weighs_in = "torch's scaled_dot_product_attention"
+    remedy = ("run the attention through torch's SDPA (diffusers: an SDPA processor or the 'native' attention "
+              "backend; ComfyUI, where this attention call bypassed ComfyUI's attention override: "
+              "--use-pytorch-cross-attention)")
+
     def __reduce__(self) -> str:  # a copied patch shares the process's seam
         return "SDPA_SEAM"
 

@@ -80,13 +80,11 @@ def check_weighed(patch: Any, where: Any) -> None:
     if not patch.key_seam.disarm():
         processor = getattr(where, "processor", None)
         how = f"its processor {type(processor).__name__}" if processor is not None else "it"
+        seam = patch.key_seam
         raise RuntimeError(
-            f"ToMe's proportional attention weighs merged keys in torch's scaled_dot_product_attention, but "
-            f"{type(where).__name__} ran on merged tokens and {how} made no call of it (its own softmax, xformers, "
-            f"sub-quadratic or sage attention, a flash-attn backend); turn proportional_attention off, or run the "
-            f"attention through torch's SDPA (diffusers: an SDPA processor or the 'native' attention backend; "
-            f"ComfyUI, where this attention call bypassed ComfyUI's attention override: "
-            f"--use-pytorch-cross-attention)")
+            f"ToMe's proportional attention weighs merged keys in {seam.weighs_in}, but {type(where).__name__} ran "
+            f"on merged tokens and {how} made no call of it (its own softmax, xformers, sub-quadratic or sage "
+            f"attention, a flash-attn backend); turn proportional_attention off, or {seam.remedy}")
 
 
 class WeighSpanKeys:
