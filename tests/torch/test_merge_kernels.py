@@ -69,3 +69,20 @@ def test_under_a_graph_compiler_every_mean_is_a_sum_times_kept_counts(dtype):
     targets = graphs[0]
     assert "scatter_reduce_" not in targets and "index_add_" in targets, sorted(targets)
     torch.testing.assert_close(out, merged(x), rtol=1e-3 if dtype is torch.float16 else 1e-6, atol=1e-3 if dtype is torch.float16 else 1e-6)
+
+
+def test_an_eager_call_asks_whether_to_keep_counts_with_no_python_call():
+    """The runtime's eager backend (CallState.xp of a call no graph compiler traces) answers a merge's question for
+    free: no Python frame on the hot path, and no kept counts (scatter_reduce_'s one call)."""
+    import sys
+
+    from tomesd.backends.torch import eager_backend
+
+    frames = []
+    previous = sys.getprofile()
+    sys.setprofile(lambda frame, event, arg: frames.append(frame.f_code.co_name) if event == "call" else None)
+    try:
+        answer = eager_backend.prefers_kept_counts()
+    finally:
+        sys.setprofile(previous)
+    assert answer is False and frames == []

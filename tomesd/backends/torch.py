@@ -248,6 +248,9 @@ class EagerTorchArrays(TorchArrays):
     op the hot path calls most. (Traced, sizes may be symbolic: TorchArrays.shape makes them ints.)"""
 
     shape = operator.attrgetter("shape")
+    # Never traced, so never under a graph compiler: False, from a C call (bool() is False) with no Python frame,
+    # where torch.compiler.is_compiling runs two (once for each merge built: every merged block of every step)
+    prefers_kept_counts = staticmethod(bool)
 
     def __reduce__(self) -> str:
         return "eager_backend"
