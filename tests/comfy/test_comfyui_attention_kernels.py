@@ -3,12 +3,15 @@ keys are weighed at ComfyUI's attention override (tomesd/hosts/comfyui_attention
 sub-quadratic, split and basic attentions (what runs on a CPU), SageAttention and FlashAttention all take the weights,
 and each output equals the weights' known path, torch's SDPA seam, to fp32 round-off.
 
-SageAttention and flash-attn do not install here: ComfyUI's own attention_sage and attention_flash run, calling
-stand-ins for `sageattn` and `flash_attn_func` that keep those kernels' rules on the head (SageAttention 2: at most 128
-channels, padded up to 64 or 128, scaled by the head it is given; flash-attn: at most 256) and compute exact attention.
+SageAttention, flash-attn and xformers do not install here: ComfyUI's own attention_sage, attention_flash and
+attention_xformers run, calling stand-ins for `sageattn`, `flash_attn_func` and `memory_efficient_attention` that keep
+those kernels' rules on the head (SageAttention 2: at most 128 channels, padded up to 64 or 128, scaled by the head it
+is given; flash-attn: at most 256) and compute exact attention.
 A kernel whose ceiling the extra channel would pass is refused by name, before it runs."""
 import importlib
 import math
+import types
+from collections import Counter
 
 import pytest
 import torch
@@ -60,7 +63,14 @@ def flash_stand_in(heads_seen):
     return flash_attn_wrapper
 
 
-KERNELS = ("pytorch", "sub_quad", "split", "basic", "sage", "flash")
+def xformers_stand_in(heads_seen):
+    def memory_efficient_attention(q, k, v, attn_bias=None):  # [B, S, heads, D], scaled by the head it is given
+        heads_seen.append(q.shape[-1])
+        return SDPA(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_bias).transpose(1, 2)
+    return types.SimpleNamespace(ops=types.SimpleNamespace(memory_efficient_attention=memory_efficient_attention))
+
+
+KERNELS = ("pytorch", "sub_quad", "split", "basic", "sage", "flash", "xformers")
 
 
 def pick(monkeypatch, kernel):
@@ -72,6 +82,10 @@ def pick(monkeypatch, kernel):
     if kernel == "flash":
         seen = []
         monkeypatch.setattr(attention, "flash_attn_wrapper", flash_stand_in(seen))
+    if kernel == "xformers":
+        seen = []
+        monkeypatch.setattr(attention, "xformers", xformers_stand_in(seen), raising=False)
+        monkeypatch.setattr(attention, "BROKEN_XFORMERS", False)
     use(monkeypatch, getattr(attention, f"attention_{kernel}"))
     return seen
 
@@ -178,3 +192,64 @@ def test_compiled_as_comfyuis_compile_node_does_one_graph_equal_to_eager(referen
     assert counter.frame_count == 1
     for out in outs:
         torch.testing.assert_close(out, reference, rtol=0, atol=2e-5 * reference.abs().max())
+
+
+@pytest.mark.parametrize("kernel", ["pytorch", "sage", "flash"])
+@pytest.mark.parametrize("family", ["sd1", "flux", "sd3.5"])
+def test_heads_padded_as_on_cuda_weigh_alike(family, kernel, references, monkeypatch):
+    """CUDA's rule (torch_sdpa.channels: the bias channel and zeros up to a multiple of 8), taken on this CPU."""
+    import tomesd.hosts.comfyui_attention as seam
+
+    model, args, conds, _, reference = references[family]
+    monkeypatch.setattr(seam, "channels", lambda size, device: 8 - size % 8)
+    seen = pick(monkeypatch, kernel)
+    comfy_host.run(tome(model, False), *args, **conds)
+    natural = Counter(seen or ())  # the head sizes of one call unweighed
+    out = comfy_host.run(tome(model, True), *args, **conds)
+    torch.testing.assert_close(out, reference, rtol=0, atol=2e-5 * reference.abs().max())
+    if seen is not None:  # the weighed calls' heads, each a multiple of 8 (4 -> 8, 8 -> 16, ...)
+        widened = Counter(seen) - natural - natural
+        assert widened and all(size % 8 == 0 for size in widened), (natural, widened)
+
+
+def test_the_override_takes_each_form_of_comfyuis_attention_call():
+    """Heads by position or keyword, split or already [B, heads, S, D], the output gathered or not, and a function that
+    gathers the heads although asked not to (attention_pytorch past its batch limit): each call weighs as the formula."""
+    from tomesd.backends.seam import Arming
+    from tomesd.backends.torch_sdpa import KeyWeights
+    from tomesd.hosts.comfyui_attention import WeighingOverride
+
+    class Seam:
+        def __init__(self, weights):
+            self.arming = Arming(weights, 1)
+
+        def armed(self):
+            return self.arming
+
+    gen = torch.Generator().manual_seed(0)
+    b, heads, s, d = 2, 3, 6, 8
+    q, k, v = (torch.randn(b, heads, s, d, generator=gen) for _ in range(3))
+    log_sizes = torch.rand(b, s - 2, generator=gen) * 2  # the merged keys after 2 text keys
+    bias = torch.cat([torch.zeros(b, 2), log_sizes], 1)[:, None, None, :]
+    expected = ((q @ k.transpose(-1, -2)) / math.sqrt(d) + bias).softmax(-1) @ v  # [B, heads, S, D]
+    basic = attention.attention_basic.__wrapped__
+
+    def gathers_anyway(q, k, v, heads, skip_reshape=False, skip_output_reshape=False, **kwargs):
+        return basic(q, k, v, heads, skip_reshape=skip_reshape, skip_output_reshape=False, **kwargs)
+
+    def gathered(t):
+        return t.transpose(1, 2).reshape(b, s, heads * d)
+
+    for func in (basic, gathers_anyway):
+        for split in (False, True):
+            for keep_heads in (False, True):
+                for by_name in (False, True):
+                    qkv = (gathered(q), gathered(k), gathered(v)) if split else (q, k, v)
+                    args, kwargs = (qkv, {"heads": heads}) if by_name else (qkv + (heads, None), {})
+                    override = WeighingOverride(Seam(KeyWeights(log_sizes, False)))
+                    out = override(func, *args, skip_reshape=not split, skip_output_reshape=keep_heads, **kwargs)
+                    want = expected if keep_heads else gathered(expected)
+                    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    override = WeighingOverride(Seam(KeyWeights(log_sizes, False)))
+    with pytest.raises(ValueError, match="got an attention mask; turn proportional_attention off"):
+        override(basic, q, k, v, heads, mask=torch.zeros(s, s), skip_reshape=True)

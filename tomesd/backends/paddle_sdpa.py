@@ -108,6 +108,7 @@ class PaddleSdpaSeam(Seam):
     # What a refusal names when an armed attention made no call of it (key_weights.check_weighed)
     weighs_in = "ppdiffusers' attention (scaled_dot_product_attention_ or Attention.get_attention_scores)"
     remedy = "use one of ppdiffusers' own attention processors"
+    bypasses = "its own softmax, a custom processor's kernel"
 
     def __reduce__(self) -> str:  # a copied patch shares the process's seam
         return "PADDLE_SDPA_SEAM"

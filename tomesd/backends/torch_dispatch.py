@@ -50,6 +50,7 @@ class DispatchSeam(Seam):
 
     # What a refusal names when an attention armed for proportional attention made no call of it
     weighs_in = "diffusers' attention dispatch (dispatch_attention_fn)"
+    bypasses = "a processor that computes attention itself"
     remedy = "give the attention a processor that calls dispatch_attention_fn (its model's default processor)"
 
     def __reduce__(self) -> str:  # a copied patch shares the process's seam

@@ -164,7 +164,8 @@ class SdpaSeam(Seam):
     self-attention in ComfyUI's MMDiT)."""
 
     # What a refusal names when an armed attention made no call of it (key_weights.check_weighed)
-    weighs_in = "torch's scaled_dot_product_attention"
+    weighs_in = "torch's scaled_dot_product_attention (in ComfyUI: at its attention override, or in torch's SDPA)"
+    bypasses = "its own softmax, xformers, sub-quadratic or sage attention, a flash-attn backend"
     remedy = ("run the attention through torch's SDPA (diffusers: an SDPA processor or the 'native' attention "
               "backend; ComfyUI, where this attention call bypassed ComfyUI's attention override: "
               "--use-pytorch-cross-attention)")

@@ -306,7 +306,7 @@ def run(args: argparse.Namespace) -> int:
         with attention_as(kernel):
             seconds = measure(configurations(model, arch, ratios, proportional), call_args, conds, args.repeats,
                               args.warmup, sync)
-    except ValueError as exc:  # an attention ComfyUI does not have, or a refusal met at the first call
+    except (ValueError, RuntimeError) as exc:  # an attention ComfyUI does not have, or a refusal at the first call
         raise SystemExit(f"tomesd bench: error: {exc}") from None
     rows = report(seconds)
     net = model.model.diffusion_model

@@ -10,7 +10,9 @@ patch's key seam) gets the bias channel here, in the [B, heads, S, D] layout eve
 the function runs on heads one channel wider (torch_sdpa.KeyWeights.widened_for_default_scale) and the output drops
 it. Unarmed calls pass as they came. The SDPA seam behind it finds the arming taken.
 
-A kernel whose ceiling on the head size the channel would pass (SageAttention: 128) is refused by name at the call.
+A kernel whose ceiling on the head size the channel would pass (SageAttention: 128) is refused by name at the call,
+rather than left to ComfyUI's own fallback to torch's SDPA, which would run every attention slower than the kernel the
+user picked. A kernel that another node's override routes to is not known here: its own limits raise its own error.
 """
 from __future__ import annotations
 
@@ -41,8 +43,9 @@ class WeighingOverride:
 
     def __call__(self, func: Callable, *args: Any, **kwargs: Any) -> Any:
         arming = self.seam.armed()
-        if arming is None or type(arming.rewrite) is not KeyWeights or not arming.take():
-            return self._run(func, args, kwargs)
+        if arming is None or type(arming.rewrite) is not KeyWeights or not arming.take():  # _run inline: every call
+            previous = self.previous
+            return func(*args, **kwargs) if previous is None else previous(func, *args, **kwargs)
         # The arming's other uses (SD3.5's second attention) are for later calls, not for the SDPA call inside this one
         left, arming.left = arming.left, 0
         try:
@@ -78,6 +81,8 @@ class WeighingOverride:
         _check_ceiling(func, size, pad)
         query, key, value, width = weights.widened_for_default_scale(query, key, value, pad)
         out = self._run(func, (query, key, value, heads), dict(rest, skip_reshape=True, skip_output_reshape=True))
+        if out.dim() == 3:  # a path that gathers the heads anyway (pytorch past its batch limit, xformers' fallback)
+            out = out.unflatten(-1, (heads, -1)).transpose(1, 2)
         out = out[..., :width]
         return out if gather else out.transpose(1, 2).flatten(2)
 

@@ -83,8 +83,8 @@ def check_weighed(patch: Any, where: Any) -> None:
         seam = patch.key_seam
         raise RuntimeError(
             f"ToMe's proportional attention weighs merged keys in {seam.weighs_in}, but {type(where).__name__} ran "
-            f"on merged tokens and {how} made no call of it (its own softmax, xformers, sub-quadratic or sage "
-            f"attention, a flash-attn backend); turn proportional_attention off, or {seam.remedy}")
+            f"on merged tokens and {how} made no call of it ({seam.bypasses}); turn proportional_attention off, or "
+            f"{seam.remedy}")
 
 
 class WeighSpanKeys:
