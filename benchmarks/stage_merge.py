@@ -41,7 +41,8 @@ def merged_here(x, max_downsample):
 
 
 class _Weighed:
-    """torch's SDPA, adding log(size) of each merged key to the scores of self-attention over a stage's merged tokens."""
+    """torch's SDPA, adding log(size) of each merged key to the scores of self-attention over a stage's merged
+    tokens."""
 
     def __init__(self, fn):
         self.fn, self.log_sizes = fn, None  # [B, M] while a merged stage runs

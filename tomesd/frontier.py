@@ -4,10 +4,10 @@ a denoising loop, interleaved with the baseline, and the FLOPs ratio), plotted c
 Pareto front marked: the settings no other setting beats on both.
 
 The closeness comes from a `quality --json` file of the same yardstick (`--closeness`), or from a quality run made
-here first. The speed is timed on the yardstick's real architecture (sd1: SD1.5's UNet, sdxl: SDXL's, sd3: SD3-medium, video:
-AnimateDiff, wan: Wan 2.1 1.3B) with random weights, at `--res` and `--depth`; step caches (`--cache`) alone and
-stacked under each setting, as `quality --cache` prices them. A ratio schedule needs a pipeline's loop and is left
-out of the timing, with a note.
+here first. The speed is timed on the yardstick's real architecture (sd1: SD1.5's UNet, sdxl: SDXL's, sd3:
+SD3-medium, video: AnimateDiff, wan: Wan 2.1 1.3B) with random weights, at `--res` and `--depth`; step caches
+(`--cache`) alone and stacked under each setting, as `quality --cache` prices them. A ratio schedule needs a
+pipeline's loop and is left out of the timing, with a note.
 
 What pays on a GPU: each run also marks the closest setting whose FLOPs ratio reaches `--flops-floor` (FLOPS_FLOOR,
 1.4x), the mildest there where no yardstick prices the model (`--closeness none`); GPU_PICKS holds the marks per

@@ -71,8 +71,8 @@ class TorchArrays:
         if inv_counts is None:  # one call from the host, seven kernels on CUDA (docs/host-cost.md)
             out = torch.empty((count, x.shape[1]), device=x.device, dtype=x.dtype)
             return out.scatter_reduce_(0, segments.unsqueeze(1).expand(x.shape), x, "mean", include_self=False)
-        # Three kernels, and inductor lowers them (it runs scatter_reduce_'s mean as an aten fallback). float32 counts: a
-        # half-precision sum is scaled in float32 and rounded once
+        # Three kernels, and inductor lowers them (it runs scatter_reduce_'s mean as an aten fallback). float32
+        # counts: a half-precision sum is scaled in float32 and rounded once
         return torch.zeros((count, x.shape[1]), device=x.device, dtype=x.dtype).index_add_(0, segments, x).mul_(inv_counts)
 
     # A Python function bound as is: the merge asks once per merge, not per site

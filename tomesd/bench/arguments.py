@@ -112,8 +112,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attention-backend", metavar="NAME", default=None,
                         help="torch: time every configuration under this kernel of diffusers' attention dispatcher "
                              "(native, _native_cudnn, flex, flash, sage, xformers, ...; diffusers' attention_backend), "
-                             "for the models whose processors dispatch (Flux, Wan, ...); with --host comfyui: ComfyUI's "
-                             "attention function of that name (pytorch, sage, flash, xformers, sub_quad, split)")
+                             "for the models whose processors dispatch (Flux, Wan, ...); with --host comfyui: "
+                             "ComfyUI's attention function of that name (pytorch, sage, flash, xformers, sub_quad, "
+                             "split)")
     parser.add_argument("--compile-regional", action="store_true",
                         help="with --compile: compile each repeated block on its own, as diffusers recommends "
                              "(model.compile_repeated_blocks(fullgraph=True)), not the whole model")

@@ -58,7 +58,8 @@ def _attention_kernel(name: Optional[str], settings: Any, notes: List[str]) -> A
     try:
         from diffusers.models.attention_dispatch import AttentionBackendName, attention_backend
     except ImportError:
-        raise ValueError("--attention-backend: this diffusers has no attention dispatcher (0.35 or later has)") from None
+        raise ValueError("--attention-backend: this diffusers has no attention dispatcher (0.35 or later has)") \
+            from None
     known = [b.value for b in AttentionBackendName]
     if name not in known:
         raise ValueError(f"--attention-backend {name!r}: diffusers knows {', '.join(known)}")

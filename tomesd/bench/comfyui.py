@@ -319,5 +319,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"host": "comfyui", "arch": arch, "res": list(args.res), "dtype": args.dtype,
-                       "device": str(device), "attention": kernel, "title": title, "seconds": seconds, "rows": rows}, f, indent=2)
+                       "device": str(device), "attention": kernel, "title": title, "seconds": seconds, "rows": rows},
+                      f, indent=2)
     return 0

@@ -194,7 +194,8 @@ WAN_SETTINGS = [
     Setting("downsample f=2 avg prop", dict(mode="downsample", downsample_method="avg", proportional_attention=True)),
     *_DOWNSAMPLE_RESTORED,
 ]
-SETTINGS = {"sd1": DEFAULT_SETTINGS, "sdxl": SDXL_SETTINGS, "sd3": SD3_SETTINGS, "video": VIDEO_SETTINGS, "wan": WAN_SETTINGS}
+SETTINGS = {"sd1": DEFAULT_SETTINGS, "sdxl": SDXL_SETTINGS, "sd3": SD3_SETTINGS, "video": VIDEO_SETTINGS,
+            "wan": WAN_SETTINGS}
 
 
 def with_cache(settings: List[Setting], picked: Sequence[str]) -> List[Setting]:

@@ -1,13 +1,13 @@
 """Reproduces the yardstick's shipped weights: `python -m tomesd.quality.train [--out PATH]`.
 
 Trains, on scikit-learn's digits upscaled to 32x32, (1) the classifier that scores samples and (2) the
-class-conditional denoiser (10% of labels dropped for classifier-free guidance, EMA weights kept): with
-`--arch sd1` (default) the UNet, epsilon prediction (`--arch sdxl`: the SDXL-structured UNet, likewise); with `--arch sd3` the SD3 transformer, rectified flow
-(velocity prediction, noise levels drawn logit-normal as SD3 trains); with `--arch video` AnimateDiff's motion
-UNet, from the `sd1` weights, on moving digits; with `--arch wan` Wan's transformer, rectified flow, on the
-same clips. Every arch but `sd1` reuses the shipped `sd1` file's classifier so that all yardsticks are
-judged by the same one. Everything is seeded; on the project's 2-core CPU it took the time printed at the
-end (stored in the file's metadata).
+class-conditional denoiser (10% of labels dropped for classifier-free guidance, EMA weights kept): with `--arch
+sd1` (default) the UNet, epsilon prediction (`--arch sdxl`: the SDXL-structured UNet, likewise); with `--arch sd3`
+the SD3 transformer, rectified flow (velocity prediction, noise levels drawn logit-normal as SD3 trains); with
+`--arch video` AnimateDiff's motion UNet, from the `sd1` weights, on moving digits; with `--arch wan` Wan's
+transformer, rectified flow, on the same clips. Every arch but `sd1` reuses the shipped `sd1` file's classifier so
+that all yardsticks are judged by the same one. Everything is seeded; on the project's 2-core CPU it took the time
+printed at the end (stored in the file's metadata).
 Never run in tests or CI."""
 from __future__ import annotations
 

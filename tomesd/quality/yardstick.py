@@ -1,8 +1,8 @@
 """`python -m tomesd quality`: what each setting costs in quality, and buys in speed, on the
-project's own class-conditional digits models (proxies for SD, see the README): `--arch sd1` (default)
-the UNet, `--arch sdxl` a UNet with SDXL's structure, `--arch sd3` the SD3-shaped joint-attention transformer, `--arch video` AnimateDiff's motion
-UNet on moving digits, `--arch wan` Wan's space-time transformer on the same clips. `--cache` adds one of
-diffusers' step caches, alone and stacked under each setting.
+project's own class-conditional digits models (proxies for SD, see the README): `--arch sd1` (default) the UNet,
+`--arch sdxl` a UNet with SDXL's structure, `--arch sd3` the SD3-shaped joint-attention transformer, `--arch video`
+AnimateDiff's motion UNet on moving digits, `--arch wan` Wan's space-time transformer on the same clips. `--cache`
+adds one of diffusers' step caches, alone and stacked under each setting.
 
 This module is the command (its options and its run); the settings priced are in settings.py, how they are
 sampled and scored in evaluation.py, the table, JSON and plot in report.py (their names are handed on here).
@@ -19,17 +19,16 @@ from .report import SCHEMA, table, write_json, write_plot
 from .settings import (DEFAULT_SETTINGS, SD3_SETTINGS, SDXL_SETTINGS, SETTINGS, VIDEO_SETTINGS, WAN_SETTINGS, Setting,
                        with_cache)
 
-__all__ = ["DEFAULT_SETTINGS", "SCHEMA", "SD3_SETTINGS", "SDXL_SETTINGS", "SETTINGS", "VIDEO_SETTINGS", "WAN_SETTINGS", "Result",
-           "Setting", "add_arguments", "evaluate", "labels_for", "run", "table", "with_cache", "write_json",
+__all__ = ["DEFAULT_SETTINGS", "SCHEMA", "SD3_SETTINGS", "SDXL_SETTINGS", "SETTINGS", "VIDEO_SETTINGS", "WAN_SETTINGS",
+           "Result", "Setting", "add_arguments", "evaluate", "labels_for", "run", "table", "with_cache", "write_json",
            "write_plot"]
 
 
 def add_arguments(parser: Any) -> None:
     parser.add_argument("--arch", choices=M.ARCHS, default="sd1",
-                        help="the yardstick model: sd1 (the digits UNet, default), sdxl (a UNet with SDXL's structure), "
-                             "sd3 (the SD3-shaped transformer), "
-                             "video (AnimateDiff's motion UNet on moving digits, 8 frames) or wan (Wan's transformer "
-                             "on the same clips, one space-time grid)")
+                        help="the yardstick model: sd1 (the digits UNet, default), sdxl (a UNet with SDXL's "
+                             "structure), sd3 (the SD3-shaped transformer), video (AnimateDiff's motion UNet on moving "
+                             "digits, 8 frames) or wan (Wan's transformer on the same clips, one space-time grid)")
     parser.add_argument("--cache", metavar="NAME[,NAME...]", default=None,
                         help=f"also run diffusers' step caches ({', '.join(CACHES)}), each alone and stacked under "
                              "each setting; fbc:T and magcache:T set the skip threshold T")
