@@ -127,12 +127,13 @@ def flux_reuse_steps(world: int) -> Dict[str, Any]:
 def flux_pipeline_clock(world: int) -> Dict[str, Any]:
     """A tiny FluxPipeline with reuse_steps=2: the pipeline's clock counts the steps under context parallelism."""
     out: Dict[str, Any] = {}
-    for name, parallel in (("bands", False), ("parallel", True)):
+    for name, parallel in (("plain", False), ("bands", False), ("parallel", True)):  # plain: no patch
         pipe = T.flux_pipeline()
         pipe.transformer = _flux()
         if parallel:
             pipe.transformer.enable_parallelism(config=_config("ulysses", world))
-        tomesd.apply_patch(pipe, ratio=RATIO, reuse_steps=2, **({} if parallel else {"bands": world}))
+        if name != "plain":
+            tomesd.apply_patch(pipe, ratio=RATIO, reuse_steps=2, **({} if parallel else {"bands": world}))
         gen = torch.Generator().manual_seed(5)  # 8 text tokens: diffusers splits them between the ranks too
         out[name] = torch.from_numpy(pipe(
             prompt_embeds=torch.randn(1, 8, 32, generator=gen), pooled_prompt_embeds=torch.randn(1, 32, generator=gen),

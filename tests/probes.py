@@ -107,6 +107,18 @@ def assert_loop_compiles_once_and_equals_eager(model, run, steps, **patch_kwargs
         assert_compiled_equals_eager(out, ref)
 
 
+def assert_round_off_apart(out, ref, plain, rel=1e-3):
+    """`out` equals `ref` (the same patched run by another path: compiled, or split over ranks) to round-off grown
+    through a loop (denoising steps, a VAE), where `plain` is the unpatched output: the bound follows ToMe's effect,
+    `rel` of the largest change the patch made, and never falls below fp32 round-off at the output's scale. The
+    effect is checked to stand far past the bound first, so the comparison can still tell the patch off from on."""
+    effect = float(abs(ref - plain).max())
+    bound = max(rel * effect, 1e-5 * max(1.0, float(abs(ref).max())))
+    assert effect > 100 * bound, f"the patch changes the output by {effect:.3g}, too little to test against {bound:.3g}"
+    gap = float(abs(out - ref).max())
+    assert gap <= bound, f"{gap:.3g} apart, past {bound:.3g} ({rel} of the patch's effect {effect:.3g})"
+
+
 def assert_compiled_equals_eager(out, ref):
     """A compiled ToMe forward against the eager one: equal to fp32 round-off. Under a graph compiler a merge's mean is
     a sum times the inverse counts it keeps (tome_core.token_merge: the kernels inductor lowers), eagerly torch's own

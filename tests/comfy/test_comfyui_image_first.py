@@ -93,6 +93,7 @@ def test_hunyuan_video_refusals(monkeypatch):
     seam. And a block whose attention function was swapped after the patch armed the seam is refused, not merged."""
     import comfy.ldm.flux.layers as flux_layers
 
+    original = flux_layers.attention
     model = _model("hunyuan_video")
     args, conds = _inputs("hunyuan_video")
     base = comfy_host.run(model, *args, **conds)
@@ -103,14 +104,16 @@ def test_hunyuan_video_refusals(monkeypatch):
             comfy_host.run(tome(model), *args, **given, **conds)
     with pytest.raises(ValueError, match=r"ToDo node: ComfyUI's HunyuanVideo rotates .*Use the ToMe node on this"):
         todo(model)
-    attention = flux_layers.attention
     block = model.model.diffusion_model.double_blocks[0]
-    handle = block.register_forward_pre_hook(lambda m, a: monkeypatch.setattr(flux_layers, "attention", attention))
+    # Other code rebinds the name under the armed seam. Not by monkeypatch: its undo would bind again what it found
+    # there, the seam's wrapper, after the seam was gone.
+    handle = block.register_forward_pre_hook(lambda m, a: setattr(flux_layers, "attention", original))
     try:
         with pytest.raises(RuntimeError, match="armed comfy.ldm.flux.layers:attention .* made no call of it"):
             comfy_host.run(tome(model), *args, **conds)
     finally:
         handle.remove()
+        flux_layers.attention = original
     assert torch.equal(comfy_host.run(model, *args, **conds), base)
 
 

@@ -11,7 +11,7 @@ import torch._dynamo
 
 import tiny_torch as T
 import tomesd
-from probes import CountingBackend, OpCounter, assert_compiled_equals_eager
+from probes import CountingBackend, OpCounter, assert_compiled_equals_eager, assert_round_off_apart
 from references import load_tomesd_ref
 from tomesd.runtime.tome_patch import PATCH_ATTR
 
@@ -97,8 +97,7 @@ def test_a_second_resolution_costs_at_most_one_more_compile():
     half = len(merged_tokens) // 2  # each call sees the same blocks
     assert merged_tokens[0] == 16 * 16 // 2 and merged_tokens[half] == 24 * 16 // 2  # both resolutions merge
     for ours, ref, base in ((first, eager, plain), (run(compiled, x2, t0, c), eager2, plain2)):
-        assert (ref - base).abs().max() > 1e-2  # ToMe acts, far beyond the tolerance below
-        assert torch.allclose(ours, ref, atol=1e-5)
+        assert_round_off_apart(ours, ref, base)  # ToMe acts, far beyond the bound
     assert out2.shape == x2.shape
     tomesd.remove_patch(unet)  # the compiled wrapper runs the unpatched model again, bit for bit
     assert torch.equal(run(compiled, x, t0, c), plain) and torch.equal(run(compiled, x2, t0, c), plain2)
@@ -140,9 +139,11 @@ def test_pipeline_with_compiled_unet_after_apply_patch(tmp_path):
     tomesd.apply_patch(pipe, ratio=0.5)
     eager = T.run_pipeline(pipe)
     pipe.unet = torch.compile(pipe.unet, fullgraph=True, backend="eager")
-    assert abs(eager - plain).max() > 1e-2  # ToMe acts on the images, far beyond the tolerance below
-    assert abs(T.run_pipeline(pipe) - eager).max() < 1e-5
-    tomesd.remove_patch(pipe)  # finds the patch inside the compiled wrapper
+    try:
+        # two steps and a VAE: the bound follows the images and what ToMe does to them
+        assert_round_off_apart(T.run_pipeline(pipe), eager, plain)
+    finally:
+        tomesd.remove_patch(pipe)  # finds the patch inside the compiled wrapper
     assert getattr(pipe.unet._orig_mod, PATCH_ATTR, None) is None
     assert (T.run_pipeline(pipe) == plain).all()  # the unpatched images again, bit for bit
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import parallel
+from probes import assert_round_off_apart
 
 BANDED = ["flux_ulysses", "flux_ring", "wan_ulysses", "wan_ring"]
 PROPORTIONAL = ["flux_ulysses_prop", "flux_ring_prop", "wan_ring_prop", "wan_ulysses_prop_vs_plain"]
@@ -77,7 +78,7 @@ def test_reuse_steps_under_context_parallelism(world2):
 
 def test_the_pipeline_clock_under_context_parallelism(world2):
     out = _case(world2, "flux_pipeline_clock")
-    assert (out["parallel"] - out["bands"]).abs().max() < 1e-4  # uint8-scaled images in [0, 1]
+    assert_round_off_apart(out["parallel"], out["bands"], out["plain"])  # images through 3 steps and a VAE
 
 
 def test_patch_before_enable_parallelism_equals_after(world2):

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import tomesd
 from families import FAMILIES, missing_host
-from probes import CountingBackend
+from probes import CountingBackend, assert_compiled_equals_eager
 from probes import OpCounter
 from tomesd.backends import torch_dispatch, torch_sdpa
 
@@ -248,7 +248,7 @@ def test_compiled_forward_has_no_graph_breaks_and_equals_eager(unpatch):
     finally:
         torch._dynamo.reset()
     assert backend.graphs == 1
-    torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-5)
+    assert_compiled_equals_eager(compiled, eager)
 
 
 def test_proportional_attention_is_a_merge_setting():
