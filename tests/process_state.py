@@ -23,9 +23,9 @@ WRAPPED_MODULES = (
     "tomesd",
     "ppdiffusers.models.attention_processor",
 )
-# Set by pytest for the running test, or by a library the first time it is imported (scikit-learn and joblib set
-# OpenMP's two): no test's doing.
-_SET_ON_IMPORT = {"PYTEST_CURRENT_TEST", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK"}
+# Set by pytest for the running test, or by a library the first time it is used (scikit-learn and joblib set
+# OpenMP's two on import, torch its inductor cache's folder when first asked for it): no test's doing.
+_SET_ON_IMPORT = {"PYTEST_CURRENT_TEST", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK", "TORCHINDUCTOR_CACHE_DIR"}
 LOGGERS = ("", "diffusers", "transformers", "torch", "tomesd", "ppdiffusers", "paddle")
 
 

@@ -49,7 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--downsample-method", choices=["nearest", "avg"], default="nearest")
     parser.add_argument("--max-downsample", type=int, default=None,
                         help="as in apply_patch; default: the finest level with attention")
-    parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
+    parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
+                        help="default float32 (with --predict: the GPU's, see there)")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda / gpu")
     parser.add_argument("--repeats", type=int, default=3, help="timed forwards per configuration (median)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed forwards per configuration first")
@@ -62,6 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--flops-only", action="store_true",
                         help="count each configuration's FLOPs on the meta device and stop (no timing; seconds at any "
                              "size; torch)")
+    parser.add_argument("--predict", metavar="GPU", default=None,
+                        help="predict each configuration's device time on a GPU (h100, h200) with the device-time "
+                             "model, from a forward traced on the meta device, and stop (no timing, no weights; "
+                             "torch). --dtype defaults to the GPU's: float16 for the UNets, SD3 and PixArt, bfloat16 "
+                             "for the other transformers")
     parser.add_argument("--model", metavar="PATH",
                         help="a local diffusers/ppdiffusers pipeline folder: generate under every setting (the same "
                              "--modes, --ratios, --reuse-steps, --downsample-* options) and report time per image and "

@@ -75,6 +75,9 @@ def _bench(argv: List[str]) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    args.dtype_given = getattr(args, "dtype", None)  # --predict's default dtype is the GPU's, every other float32
+    if args.dtype_given is None:
+        args.dtype = "float32"
     if getattr(args, "preset", None) is not None:
         from . import gpu_report
 
@@ -120,6 +123,10 @@ def run(args: argparse.Namespace) -> int:
         return _context_parallel(cp_settings, _model_name(settings), args.json)
     if args.flops_only:
         return _flops_only(settings, args.json)
+    if getattr(args, "predict", None) is not None:
+        from .predict import run as predict
+
+        return predict(settings, args.predict, args.json)
     n_configs = len(configurations(settings))
     cpu_memory = not kit.on_gpu() and not args.no_memory
     total = n_configs * (settings.warmup + settings.repeats + 1 + (1 if cpu_memory else 0) + (1 if settings.compile else 0))

@@ -159,6 +159,22 @@ def prepare(args: argparse.Namespace) -> Prepared:
                          "is an image model")
     if args.frames is not None and args.frames < 1:
         raise ValueError("--frames must be at least 1")
+    if getattr(args, "predict", None) is not None:
+        from ..devicetime.model import UnknownGPU, rates_for
+
+        if args.backend != "torch" or args.model is not None or args.compile or args.flops_only \
+                or getattr(args, "context_parallel", None):
+            raise ValueError("--predict traces one eager forward with torch on the meta device: no --backend paddle, "
+                             "--model, --compile, --flops-only or --context-parallel (the model prices eager kernels; "
+                             "under whole-model compilation inductor fuses elementwise chains it does not know)")
+        try:
+            rates_for(args.predict)
+        except UnknownGPU as exc:
+            raise ValueError(f"--predict {args.predict}: {exc}") from None
+        if getattr(args, "dtype_given", None) is None:
+            from .forward_trace import gpu_dtype
+
+            args.dtype = gpu_dtype(arch)
     if args.flops_only and (args.backend != "torch" or args.model is not None or args.compile):
         raise ValueError("--flops-only counts with torch on the meta device: no --backend paddle, --model or "
                          "--compile")
