@@ -11,8 +11,9 @@ from . import apply_tome as _ppdiffusers
 from .hosts.targets import observe
 from .config import ToDoConfig, ToMeConfig
 from .patch import apply_patch, remove_patch
+from .recommend import recommend
 
 __version__ = "0.2.0"
-__all__ = ["ToDoConfig", "ToMeConfig", "apply_patch", "merge", "observe", "remove_patch"]
+__all__ = ["ToDoConfig", "ToMeConfig", "apply_patch", "merge", "observe", "recommend", "remove_patch"]
 
 _ppdiffusers.install()

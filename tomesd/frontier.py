@@ -34,39 +34,40 @@ FLOPS_FLOOR = 1.4
 
 @dataclass(frozen=True)
 class GpuPick:
-    """The setting the frontier marks for one model at one size (`frontier --flops-only` at real width and full depth,
-    its JSON in docs/: `counted`), which `tune --device cuda` tries first."""
+    """The setting picked for one model at one size by predicted device time (tomesd/devicetime/picks.py: the closest
+    on the yardstick whose predicted device-time ratio on an H100 reaches the model's goal), which `tune --device
+    cuda` tries first and tomesd.recommend returns. Its settings and closeness come from the frontier run `counted`."""
     arch: str  # bench's --arch name
     res: Tuple[int, int]  # height, width in pixels
     frames: Optional[int]  # video: frames per clip
     name: str  # the setting's name on the yardstick's list (quality.settings)
     kwargs: Dict[str, Any]
     flop_ratio: float  # per denoiser call over a loop
-    psnr: Optional[float]  # on `yardstick`; None: no yardstick prices the model, the mildest at FLOPS_FLOOR is marked
+    psnr: Optional[float]  # on `yardstick`; None: no yardstick prices the model, the mildest at the goal is marked
     yardstick: Optional[str]
     counted: str
+    predicted_ratio: float = 0.0  # predicted device-time ratio per call over a loop (H100, eager)
+    goal: float = 0.0  # the device-time ratio the pick was to reach
+    reached: bool = True  # False: nothing reached the goal, this is the fastest predicted (docs/device-picks.md)
 
 
-# What the frontier marks per model at real width and full depth (docs/frontier.md#what-pays-on-a-gpu-per-model; each
-# entry's run is its `counted` JSON, tests/cli/test_frontier.py checks them against it and the yardsticks' JSON).
-GPU_PICKS: Tuple[GpuPick, ...] = (
-    GpuPick("sd1", (512, 512), None, "ToMe r=0.75 max_downsample=4 merge_mlp",
-            dict(ratio=0.75, max_downsample=4, merge_mlp=True), 1.46, 24.4, "sd1", "docs/frontier-gpu-sd1-512.json"),
-    GpuPick("sd1", (1024, 1024), None, "ToMe r=0.75 prop", dict(ratio=0.75, proportional_attention=True), 1.47, 51.5,
-            "sd1", "docs/frontier-gpu-sd1-1024.json"),
-    GpuPick("sdxl", (1024, 1024), None, "ToMe r=0.75 max_downsample=4 merge_mlp reuse 3 prop restore",
-            dict(ratio=0.75, max_downsample=4, merge_mlp=True, reuse_steps=3, proportional_attention=True,
-                 restore_tokens=True), 1.52, 41.3, "sdxl", "docs/frontier-gpu-sdxl-1024.json"),
-    GpuPick("sd3", (1024, 1024), None, "ToMe r=0.5 merge_mlp reuse 3 prop restore",
-            dict(ratio=0.5, merge_mlp=True, reuse_steps=3, proportional_attention=True, restore_tokens=True), 1.56,
-            42.2, "sd3", "docs/frontier-gpu-sd3-1024.json"),
-    GpuPick("flux", (1024, 1024), None, "ToMe r=0.3 merge_mlp", dict(ratio=0.3, merge_mlp=True), 1.41, None, None,
-            "docs/frontier-gpu-flux-1024.json"),
-    GpuPick("wan", (480, 832), 81, "downsample f=4 avg prop reuse 2 restore",
-            dict(mode="downsample", downsample_factor=4, downsample_method="avg", proportional_attention=True,
-                 reuse_steps=2, restore_tokens=True), 1.43, 30.2, "wan", "docs/frontier-gpu-wan-81f.json"),
-    GpuPick("wan", (480, 832), 17, "ToMe r=0.5", dict(ratio=0.5), 1.43, 14.1, "wan", "docs/frontier-gpu-wan-17f.json"),
-)
+def _device_picks() -> Tuple[GpuPick, ...]:
+    """GPU_PICKS from tomesd/devicetime/picks.json (`python -m tomesd.devicetime picks` writes it)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "devicetime", "picks.json")
+    with open(path) as f:
+        doc = json.load(f)
+    picks = []
+    for m in doc["models"]:
+        point = next(p for p in m["points"] if p["name"] == m["pick"])
+        picks.append(GpuPick(m["arch"], tuple(m["res"]), m["frames"], point["name"], point["kwargs"],
+                             round(point["flop_ratio"], 2), point["psnr"], m["yardstick"], m["frontier"],
+                             round(point["predicted_ratio"], 2), m["goal"], m["reached"]))
+    return tuple(picks)
+
+
+# What each model at real width runs first on a GPU (docs/device-picks.md; tests/cli/test_frontier.py checks each
+# against its frontier run and the yardsticks' settings).
+GPU_PICKS: Tuple[GpuPick, ...] = _device_picks()
 
 
 def find_gpu_pick(arch: str, res: Tuple[int, int], frames: Optional[int] = None) -> Optional[GpuPick]:
@@ -325,29 +326,31 @@ def pareto(points: List[Dict[str, Any]], speed: str = "speedup") -> List[str]:
     return [p["name"] for p in sorted(scored, key=lambda p: p[speed]) if not beaten(p)]
 
 
-def closest_paying(points: List[Dict[str, Any]], floor: float = FLOPS_FLOOR) -> Optional[Dict[str, Any]]:
-    """Of the points whose FLOPs ratio is at least `floor` and whose closeness was measured, the closest (highest PSNR;
-    of equals, the higher FLOPs ratio); None when no point qualifies. What pays on a GPU, where eager ToMe's own work
-    eats a small saving whatever the measured speed-up on a CPU says: the FLOPs ratio decides, not the speed-up."""
-    paying = [p for p in points if p.get("psnr") is not None and p.get("flop_ratio") is not None
-              and p["flop_ratio"] >= floor]
-    return max(paying, key=lambda p: (p["psnr"], p["flop_ratio"])) if paying else None
+def closest_paying(points: List[Dict[str, Any]], floor: float = FLOPS_FLOOR,
+                   key: str = "flop_ratio") -> Optional[Dict[str, Any]]:
+    """Of the points whose `key` (the FLOPs ratio, or the predicted device-time ratio) is at least `floor` and whose
+    closeness was measured, the closest (highest PSNR; of equals, the higher ratio); None when no point qualifies.
+    What pays on a GPU, where eager ToMe's own work eats a small saving whatever the measured speed-up on a CPU says."""
+    paying = [p for p in points if p.get("psnr") is not None and p.get(key) is not None and p[key] >= floor]
+    return max(paying, key=lambda p: (p["psnr"], p[key])) if paying else None
 
 
-def mildest_paying(points: List[Dict[str, Any]], floor: float = FLOPS_FLOOR) -> Optional[Dict[str, Any]]:
-    """Where no yardstick prices the model (Flux): of the points whose FLOPs ratio is at least `floor`, the one
-    that removes the least compute (the lowest FLOPs ratio; of equals, the first listed); None when none does."""
-    paying = [p for p in points if p.get("flop_ratio") is not None and p["flop_ratio"] >= floor]
-    return min(paying, key=lambda p: p["flop_ratio"]) if paying else None
+def mildest_paying(points: List[Dict[str, Any]], floor: float = FLOPS_FLOOR,
+                   key: str = "flop_ratio") -> Optional[Dict[str, Any]]:
+    """Where no yardstick prices the model (Flux): of the points whose `key` is at least `floor`, the one that
+    removes the least (the lowest ratio; of equals, the first listed); None when none does."""
+    paying = [p for p in points if p.get(key) is not None and p[key] >= floor]
+    return min(paying, key=lambda p: p[key]) if paying else None
 
 
-def gpu_pick(points: List[Dict[str, Any]], floor: float = FLOPS_FLOOR,
-             yardstick: bool = True) -> Tuple[Optional[Dict[str, Any]], str]:
-    """The setting that pays on a GPU, and the words that mark it: the closest at `floor` FLOPs or more where a
-    yardstick priced the settings, else the mildest."""
+def gpu_pick(points: List[Dict[str, Any]], floor: float = FLOPS_FLOOR, yardstick: bool = True,
+             key: str = "flop_ratio") -> Tuple[Optional[Dict[str, Any]], str]:
+    """The setting that pays on a GPU, and the words that mark it: the closest at `floor` or more where a yardstick
+    priced the settings, else the mildest; by the FLOPs ratio, or by `key="predicted_ratio"` (devicetime/picks.py)."""
+    what = "FLOPs" if key == "flop_ratio" else "predicted device time"
     if yardstick:
-        return closest_paying(points, floor), f"closest at >= {floor}x FLOPs"
-    return mildest_paying(points, floor), f"mildest at >= {floor}x FLOPs (no yardstick)"
+        return closest_paying(points, floor, key), f"closest at >= {floor}x {what}"
+    return mildest_paying(points, floor, key), f"mildest at >= {floor}x {what} (no yardstick)"
 
 
 def _size(args: Any) -> str:

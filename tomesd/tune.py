@@ -11,9 +11,9 @@ drifts of the machine hit both alike; the noise is three robust standard deviati
 timings (from their median absolute deviation).
 
 On a GPU (`--device cuda`) eager ToMe's own work (its matching is host time, docs/gpu.md) eats a small saving, so
-the mild settings each family starts from lose there: the setting the frontier marks for the model and size (the
-closest on the project's yardstick whose FLOPs ratio at real width is 1.4x or more, frontier.GPU_PICKS) is tried
-first. A setting that reuses matches over steps is timed over one window of its steps (each its own timestep).
+the mild settings each family starts from lose there: the model's GPU pick at its size (the closest on the
+project's yardstick whose predicted device-time ratio reaches the model's goal, frontier.GPU_PICKS,
+docs/device-picks.md) is tried first. A setting that reuses matches over steps is timed over one window of its steps (each its own timestep).
 
 Longer than most modules: the search, the two ways of measuring a setting (a bare model, a pipeline's loop) and the
 report share Trial and Result and are read in that order; apart, each would be a few functions around them."""
@@ -79,17 +79,18 @@ def on_gpu(device: str) -> bool:
 def gpu_first(arch: Optional[str], res: Tuple[int, int], frames: Optional[int]) -> Tuple[Optional[Any], str]:
     """On a GPU: the frontier's pick for this model and size (frontier.GPU_PICKS: what pays there), tried before the
     families, and the line that says what was offered and why (or that nothing is listed for this model and size)."""
-    from .frontier import FLOPS_FLOOR, find_gpu_pick
+    from .frontier import find_gpu_pick
 
     pick = find_gpu_pick(arch, res, frames) if arch else None
     size = f"{res[0]}x{res[1]}" + (f", {frames} frames" if frames else "")
     if pick is None:
-        return None, (f"on a GPU: no setting at {FLOPS_FLOOR}x FLOPs or more is listed for {arch or 'this model'} at "
-                      f"{size} (frontier.GPU_PICKS, docs/frontier.md); the families start from their mildest")
+        return None, (f"on a GPU: no setting is picked for {arch or 'this model'} at {size} (frontier.GPU_PICKS, "
+                      f"docs/device-picks.md); the families start from their mildest")
     why = (f"closest on the {pick.yardstick} yardstick ({pick.psnr:.1f} dB)" if pick.yardstick is not None else
-           "no yardstick prices this model: the one that removes the least compute")
-    return pick, (f"on a GPU, tried first: {describe(pick.kwargs)} ({pick.flop_ratio:.2f}x FLOPs at {size}; {why}; "
-                  f"docs/frontier.md)")
+           "no yardstick prices this model: the mildest")
+    reach = (f"at >= {pick.goal}x" if pick.reached else f"the fastest predicted; nothing reaches {pick.goal}x")
+    return pick, (f"on a GPU, tried first: {describe(pick.kwargs)} ({pick.predicted_ratio:.2f}x predicted device "
+                  f"time on an H100, {reach}; {pick.flop_ratio:.2f}x FLOPs at {size}; {why}; docs/device-picks.md)")
 
 
 def describe(kwargs: Kwargs) -> str:
@@ -233,11 +234,9 @@ def _model_measure(args: argparse.Namespace, kit: Any, timer: Callable[[], float
 
 def model_key(pipe: Any) -> Optional[str]:
     """The frontier's name (bench's --arch) for a pipeline's denoiser, where frontier.GPU_PICKS may list it."""
-    unet, transformer = getattr(pipe, "unet", None), getattr(pipe, "transformer", None)
-    if unet is not None and type(unet).__name__ == "UNet2DConditionModel":
-        return "sdxl" if getattr(unet.config, "addition_embed_type", None) == "text_time" else "sd1"
-    return {"SD3Transformer2DModel": "sd3", "FluxTransformer2DModel": "flux",
-            "WanTransformer3DModel": "wan"}.get(type(transformer).__name__)
+    from .recommend import family_of
+
+    return family_of(pipe)
 
 
 def _pipeline_measure(args: argparse.Namespace, kit: Any, timer: Callable[[], float] = time.perf_counter,

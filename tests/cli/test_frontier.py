@@ -145,32 +145,31 @@ def test_the_frontier_marks_what_pays_on_a_gpu(tmp_path, capsys):
     assert "no yardstick prices" in text
 
 
-def test_the_gpu_picks_are_what_the_docs_counted_and_measured():
-    """Each entry of GPU_PICKS (what `tune --device cuda` tries first) is the setting its frontier run in docs/
-    marked, with that run's FLOPs ratio at real width and the PSNR of the yardstick's JSON; picking again over the
-    run's points gives it back."""
+def test_the_gpu_picks_are_the_device_time_picks_of_the_docs_frontier_runs():
+    """Each entry of GPU_PICKS (what `tune --device cuda` tries first, what tomesd.recommend returns) is a setting of
+    its frontier run in docs/, with that run's FLOPs ratio and the yardstick's PSNR; its predicted device-time ratio
+    reaches its goal and it is the closest that does (the mildest with no yardstick), or, where none reaches, the
+    fastest predicted; frontier.gpu_pick over the priced points by predicted ratio gives it back."""
     import os
 
-    from tomesd.frontier import FLOPS_FLOOR, GPU_PICKS, gpu_pick
+    from tomesd.devicetime.picks import GOALS, shipped
+    from tomesd.frontier import GPU_PICKS, gpu_pick
     from tomesd.quality.settings import SETTINGS
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    assert {(p.arch, p.res) for p in GPU_PICKS} >= {("sd1", (1024, 1024)), ("sdxl", (1024, 1024)),
-                                                   ("sd3", (1024, 1024)), ("flux", (1024, 1024)), ("wan", (480, 832))}
+    assert {(p.arch, p.res, p.frames) for p in GPU_PICKS} == {(g.arch, g.res, g.frames) for g in GOALS}
+    priced = {m["arch"]: m for m in shipped()["models"]}
     for pick in GPU_PICKS:
         with open(os.path.join(root, pick.counted)) as f:
             doc = json.load(f)
         assert (doc["res"], doc["width"], doc["frames"], doc["depth"]) == (*pick.res, pick.frames, None), pick
-        assert doc["flops_floor"] == FLOPS_FLOOR and doc["gpu_pick"]["name"] == pick.name, pick
-        again, _ = gpu_pick(doc["points"], FLOPS_FLOOR, yardstick=pick.yardstick is not None)
         point = {p["name"]: p for p in doc["points"]}[pick.name]
-        assert again is not None and again["name"] == pick.name and point["kwargs"] == pick.kwargs, pick
-        assert round(point["flop_ratio"], 2) == pick.flop_ratio >= FLOPS_FLOOR, pick
-        yardstick = pick.yardstick or doc["yardstick"]
-        assert pick.kwargs == {s.name: s.kwargs for s in SETTINGS[yardstick]}[pick.name], pick
-        if pick.yardstick is None:
-            assert pick.psnr is None and doc["closeness"] == "none", pick
-            continue
-        with open(os.path.join(root, "docs", point["closeness_source"])) as f:
-            measured = {r["name"]: r["psnr"] for r in json.load(f)["results"]}
-        assert doc["yardstick"] == pick.yardstick and round(measured[pick.name], 1) == pick.psnr, pick
+        assert point["kwargs"] == pick.kwargs and round(point["flop_ratio"], 2) == pick.flop_ratio, pick
+        points = [p for p in priced[pick.arch]["points"] if "predicted_ratio" in p]
+        again, _ = gpu_pick(points, pick.goal, yardstick=pick.yardstick is not None, key="predicted_ratio")
+        if pick.reached:
+            assert again is not None and again["name"] == pick.name and pick.predicted_ratio >= pick.goal, pick
+        else:
+            assert again is None and pick.predicted_ratio == round(max(p["predicted_ratio"] for p in points), 2)
+        if pick.yardstick:
+            assert pick.kwargs == {s.name: s.kwargs for s in SETTINGS[pick.yardstick]}[pick.name], pick

@@ -24,9 +24,10 @@ RANKS = (
     ("tomesd.hosts", 5),
     ("tomesd.config", 6), ("tomesd.patch", 6), ("tomesd.merge", 6),
     # front-ends on the public API: ppdiffusers' pipe.apply_tome(), ComfyUI's node pack
-    ("tomesd.apply_tome", 7), ("tomesd.comfyui", 7),
+    ("tomesd.apply_tome", 7), ("tomesd.comfyui", 7), ("tomesd.recommend", 7),
     # the device-time model (a forward's kernels priced per GPU); its fit traces the bench's configurations
-    ("tomesd.devicetime", 7), ("tomesd.devicetime.fit", 8), ("tomesd.devicetime.__main__", 8),
+    ("tomesd.devicetime", 7), ("tomesd.devicetime.fit", 8), ("tomesd.devicetime.picks", 8),
+    ("tomesd.devicetime.__main__", 8),
     ("tomesd.bench", 8), ("tomesd.quality", 8), ("tomesd.tune", 8), ("tomesd.frontier", 8), ("tomesd.cli", 8),
     ("tomesd.__main__", 8),
 )

@@ -44,14 +44,14 @@ class ForwardTracer:
     def launches(self, which: Any) -> List[Launch]:
         """The kernels one forward launches under a configuration: a runner.Config or its label."""
         config = which if isinstance(which, Config) else self._by_label(which)
+        name = config.kwargs or label(config, self.kit.reference_name)
         if config.reuse_steps > 1:
-            raise TraceRefused(f"{label(config, self.kit.reference_name)}: a matching reused over steps spans "
-                               f"several forwards; the trace sees one")
+            raise TraceRefused(f"{name}: a matching reused over steps spans several forwards; the trace sees one")
         try:
             with self.kit.method(self.model, config, self.settings):
                 return trace(lambda: self.kit.forward(self.model, self.inputs))
         except TraceRefused as exc:
-            raise TraceRefused(f"{label(config, self.kit.reference_name)} on {self.settings.config}: its forward "
+            raise TraceRefused(f"{name} on {self.settings.config}: its forward "
                                f"reads a tensor's value on the host ({exc}), which the meta device cannot run") from exc
 
     def _by_label(self, name: str) -> Config:
