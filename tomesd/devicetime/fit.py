@@ -2,15 +2,14 @@
 `python -m tomesd.devicetime fit` writes tomesd/devicetime/rates.json and docs/device-model.md (and .json).
 
 Each recorded configuration is traced on the meta device at the width, size, batch and dtype it ran at, with
-today's code (a ToMe row recorded before a later change of ToMe's kernels is traced as ToMe is now: part of the
-validation error). Per GPU and per class, the floor and the rate are the non-negative least-squares fit of the
-class's profiled time to its traced kernels and work, each record weighed by its forward's total (so a 300 ms
-forward does not outweigh a 40 ms one). The validation fits without one model (an architecture at one size) and
-predicts its device-time ratios, each configuration against the same run's baseline."""
+today's code (a ToMe row recorded before a later change of ToMe's kernels is traced as ToMe is now: such a row is
+flagged by its kernel counts and reported apart). The rates are one non-negative least-squares fit (`fit`) over every
+(record, class), each row weighed by its forward's total (so a 300 ms forward does not outweigh a 40 ms one). The
+validation fits without one model (an architecture at one size, on every GPU) and predicts its device-time ratios,
+each configuration against the same run's baseline."""
 from __future__ import annotations
 
 import json
-import os
 import statistics
 from typing import Any, Dict, List, Optional, Tuple
 

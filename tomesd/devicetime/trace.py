@@ -182,13 +182,6 @@ def _tensors(tree: Any) -> List[Any]:
     return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
 
 
-def _shapes(tree: Any) -> Any:
-    import torch
-    from torch.utils._pytree import tree_map
-
-    return tree_map(lambda t: t.shape if isinstance(t, torch.Tensor) else t, tree)
-
-
 def _nbytes(t: Any) -> float:
     """What a kernel reads or writes of `t`: its elements, or its storage where that is smaller (an expanded index
     repeats a few values, which the kernel reads from cache)."""
