@@ -8,7 +8,7 @@ is stable in both directions. Speed is no concern.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -92,6 +92,21 @@ class NumpyBackend:
             counts = np.bincount(segments, minlength=count).astype(total.dtype)
             return total / counts.reshape((count,) + (1,) * (total.ndim - 1))
         return (total * np.asarray(inv_counts)).astype(total.dtype)
+
+    def merge_matrix(self, rows: np.ndarray, batch: int, n: int, m: int, like: np.ndarray,
+                     force: bool = False) -> Optional[np.ndarray]:
+        if not force:
+            return None  # the reference adds as the scatter does
+        local = np.asarray(rows).reshape(batch, n) - (np.arange(batch) * m)[:, None]
+        matrix = np.zeros((batch, m, n), dtype=np.asarray(like).dtype)
+        matrix[np.arange(batch)[:, None], local, np.arange(n)[None, :]] = 1
+        return matrix
+
+    def matrix_mean(self, matrix: np.ndarray, x: np.ndarray, inv_counts: np.ndarray) -> np.ndarray:
+        b, m, n = matrix.shape
+        x = np.asarray(x)
+        total = np.matmul(matrix, x.reshape(b, n, -1)).reshape(b * m, -1)
+        return (total * np.asarray(inv_counts)).astype(x.dtype)
 
     @staticmethod
     def prefers_kept_counts() -> bool:

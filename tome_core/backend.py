@@ -51,6 +51,15 @@ class Backend(Protocol):
         """[count, C]: the mean of the rows of x [R, C] with each segment id (`segments` [R] int64 in [0, count),
         every id present at least once). Given `inv_counts` [count, 1] (1 / each segment's rows, float32), their
         sum times it, in x's dtype: no counting. Without, the framework's own mean (fewest calls from the host)."""
+    def merge_matrix(self, rows: Array, batch: int, n: int, m: int, like: Array, force: bool = False) -> Optional[Array]:
+        """[batch, m, n] in `like`'s dtype: 1 where token t of sample k goes to its row, `rows` [batch * n] flat rows
+        (sample k's in [k*m, (k+1)*m)), else 0; a mean merge is then a product (matrix_mean). None where the
+        backend's scatter is the cheaper way for this map, dtype and device (the default: NumPy and paddle always;
+        torch on an accelerator at half precision for small maps, where a GPU's scatter is slow). `force`: the
+        matrix whatever the rule says."""
+    def matrix_mean(self, matrix: Array, x: Array, inv_counts: Array) -> Array:
+        """[B * M, C]: the mean merge of x [B * N, C] by merge_matrix's `matrix` [B, M, N], the product's sums
+        times `inv_counts` [B * M, 1] (float32), in x's dtype: segment_mean's result to round-off."""
     def prefers_kept_counts(self) -> bool:
         """Whether a merge should count its rows once and take every mean as a sum times their inverse (fewest
         kernels) rather than the framework's own mean (fewest host calls): torch while a graph compiler traces,

@@ -1,5 +1,6 @@
 """A computed merge: one index map. Token t of the input goes to row `rows[b, t]` of the merged sequence;
-merging is a mean over each row's tokens along that map (the backend's segment_mean), unmerging is one gather.
+merging is a mean over each row's tokens along that map (the backend's segment_mean, or a product with the map's
+0/1 matrix where the backend prices that cheaper: merge_matrix), unmerging is one gather.
 Where the inverse counts are known (proportional attention, restored tokens, downsampling asked for them) or the
 backend prefers it (torch under a graph compiler), every merging site's mean is a sum times those kept counts:
 three kernels on CUDA where torch's own mean runs seven.
@@ -40,6 +41,10 @@ class TokenMerge:
         # merge needs no counts: proportional attention and token restoring ask)
         self._inv_counts = inv_counts
         self._kept_counts = inv_counts is not None or xp.prefers_kept_counts()  # every mean a sum times them
+        # The map's 0/1 matrix where the backend takes a mean merge as a product with it (merge_matrix): None until
+        # the first merge asks, False where the backend scatters; per text length for merge_tail's whole map
+        self._matrix: Any = None
+        self._whole_matrix: dict = {}
         self.batch, self.num_tokens, self.num_merged = batch, n, m
         self._rows = rows  # [N] merged row of each token, when one map serves the whole batch
         # For each merged row, the token that stands for it (see compute_coordinate_merges): [M] when one map
@@ -65,14 +70,24 @@ class TokenMerge:
         xp, b, m = self._xp, self.batch, self.num_merged
         flat = xp.reshape(x, [b * self.num_tokens, c])
         if mode == "mean":
+            matrix = self._matrix
+            if matrix is None:
+                matrix = self._matrix = self._matrix_of(self._flat_rows, self.num_tokens, m, x)
             inv = self._inv_flat
-            if inv is None and (self._kept_counts or self._inv_counts is not None):
+            if inv is None and (matrix is not False or self._kept_counts or self._inv_counts is not None):
                 inv = self._inv_flat = xp.reshape(self.inv_counts, [b * m, 1])
+            if matrix is not False:
+                return xp.reshape(xp.matrix_mean(matrix, flat, inv), [b, m, c])
             return xp.reshape(xp.segment_mean(flat, self._flat_rows, b * m, inv), [b, m, c])
         target = xp.zeros([b * m, c], x)
         if mode == "sum":
             return xp.reshape(xp.scatter_add(target, self._flat_rows, flat), [b, m, c])
         return xp.reshape(xp.scatter_reduce(target, self._flat_rows, flat, mode), [b, m, c])
+
+    def _matrix_of(self, rows: Any, n: int, m: int, like: Any) -> Any:
+        """The backend's matrix of a map of `rows` (n tokens into m rows a sample), or False where it scatters."""
+        matrix = self._xp.merge_matrix(rows, self.batch, n, m, like)
+        return False if matrix is None else matrix
 
     def unmerge(self, x: Any) -> Any:
         xp = self._xp
@@ -92,9 +107,14 @@ class TokenMerge:
         b, s, c = xp.shape(x)
         if s == self.num_tokens and b == self.batch:  # _merged's mean inline: every merging site of every block
             m = self.num_merged
+            matrix = self._matrix
+            if matrix is None:
+                matrix = self._matrix = self._matrix_of(self._flat_rows, s, m, x)
             inv = self._inv_flat
-            if inv is None and (self._kept_counts or self._inv_counts is not None):
+            if inv is None and (matrix is not False or self._kept_counts or self._inv_counts is not None):
                 inv = self._inv_flat = xp.reshape(self.inv_counts, [b * m, 1])
+            if matrix is not False:
+                return xp.reshape(xp.matrix_mean(matrix, xp.reshape(x, [b * s, c]), inv), [b, m, c])
             return xp.reshape(xp.segment_mean(xp.reshape(x, [b * s, c]), self._flat_rows, b * m, inv), [b, m, c])
         if b != self.batch or s < self.num_tokens:
             raise self._wrong(x, self.num_tokens, "merge")
@@ -102,9 +122,14 @@ class TokenMerge:
             t, m = s - self.num_tokens, self.num_merged
             rows = self._whole.get(t)
             rows = self._whole_rows(t) if rows is None else rows
+            matrix = self._whole_matrix.get(t)
+            if matrix is None:
+                matrix = self._whole_matrix[t] = self._matrix_of(rows, s, t + m, x)
             inv = self._whole_inv.get(t)
-            if inv is None and (self._kept_counts or self._inv_counts is not None):
+            if inv is None and (matrix is not False or self._kept_counts or self._inv_counts is not None):
                 inv = self._whole_inv_of(t)
+            if matrix is not False:
+                return xp.reshape(xp.matrix_mean(matrix, xp.reshape(x, [b * s, c]), inv), [b, t + m, c])
             return xp.reshape(xp.segment_mean(xp.reshape(x, [b * s, c]), rows, b * (t + m), inv), [b, t + m, c])
         return self._xp.concat([x[:, : s - self.num_tokens], self._merged(x[:, s - self.num_tokens:], c)], 1)
 

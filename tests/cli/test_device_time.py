@@ -110,3 +110,40 @@ def test_bench_predict_writes_predicted_rows(tmp_path, capsys):
 def test_bench_predict_refuses_before_running(argv, why, capsys):
     assert bench(["--config", "tiny", "--res", "128"] + argv) != 0
     assert why in capsys.readouterr().err
+
+
+def _traced_flux(**patch):
+    """A tiny Flux at bfloat16 on the meta device, patched, traced: (ToMe's launches, the host's)."""
+    import tiny_torch as T
+    import tomesd
+    from diffusers import FluxTransformer2DModel
+
+    with torch.device("meta"):
+        model = FluxTransformer2DModel(**T.FLUX).to(torch.bfloat16)
+    inputs = {k: v.to("meta", torch.bfloat16) if v.is_floating_point() else v.to("meta")
+              for k, v in T.flux_inputs(h=16, w=16).items()}
+    tomesd.apply_patch(model, ratio=0.5, **patch)
+    try:
+        with torch.no_grad():
+            launches = trace(lambda: model(**inputs))
+    finally:
+        tomesd.remove_patch(model)
+    return [l for l in launches if l.own], [l for l in launches if not l.own]
+
+
+def test_tomes_own_kernels_are_its_merges_and_the_hosts_layers_stay_the_hosts():
+    """A host sub-layer ToMe wraps (Flux's proj_mlp, which it seats itself in) launches the host's product, not
+    ToMe's; at half precision on an accelerator ToMe's means are products with the merge's matrix (one bmm a
+    site beside each block's matching), and scattered as the recorded runs did inside scattered_merges()."""
+    from tomesd.backends.torch import scattered_merges
+
+    own, host = _traced_flux(merge_mlp=True)
+    blocks = 2 + 2  # tiny Flux: two double blocks, two single blocks; one matching each
+    assert {"addmm", "mm"} & {l.op for l in host} and not {"addmm", "mm"} & {l.op for l in own}
+    products = sum(l.op == "bmm" for l in own)
+    ops = [l.op for l in own]
+    # each merge counts its rows once (a 1-D index_add_ of ones): no other scatter adds
+    assert products > blocks and "scatter_reduce_" not in ops and ops.count("index_add_") <= blocks
+    with scattered_merges():
+        own, _ = _traced_flux(merge_mlp=True)
+    assert sum(l.op == "bmm" for l in own) == blocks and "scatter_reduce_" in {l.op for l in own}

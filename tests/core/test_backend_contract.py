@@ -20,7 +20,7 @@ COVERED = {
     "no_grad", "shape", "arange", "zeros", "reshape", "concat", "unstack", "take", "scatter_add", "scatter_reduce",
     "argsort", "max_with_indices", "matmul_transposed", "l2_normalize", "counts", "equal", "broadcast_to",
     "where", "bitwise_xor", "floor", "to_int64", "astype_like", "to_float32", "randint_from",
-    "take_along", "put_along", "segment_mean", "prefers_kept_counts", "grad_enabled",
+    "take_along", "put_along", "segment_mean", "prefers_kept_counts", "grad_enabled", "merge_matrix", "matrix_mean",
 }
 
 
@@ -99,6 +99,22 @@ def test_segment_mean_averages_the_rows_of_each_segment(fw):
     # float32's round-off at most: paddle keeps ppdiffusers' own numerics, a sum times float32 inverse counts
     assert np.allclose(own, [[7.0, 70.0], [8.0, 80.0], [2.0, 20.0]], rtol=1e-6, atol=0)
     assert np.allclose(kept, [[7.0, 70.0], [4.0, 40.0], [2.0, 20.0]], rtol=1e-6, atol=0)
+
+
+def test_a_merge_matrix_takes_the_segment_mean_as_a_product(fw):
+    xp = fw.xp
+    # two samples of 5 tokens into 3 rows each (flat rows: sample 1's are 3..5)
+    src = np.arange(20.0).reshape(10, 2) ** 1.5
+    rows = np.array([0, 2, 0, 1, 0, 5, 3, 4, 3, 3], dtype=np.int64)
+    inv = np.array([[1 / 3], [1.0], [1.0], [1 / 3], [1.0], [1.0]])
+    matrix = xp.merge_matrix(fw.tensor(rows), 2, 5, 3, fw.tensor(src), force=True)
+    assert as_np(fw, matrix, F64).tolist() == [
+        [[1, 0, 1, 0, 1], [0, 0, 0, 1, 0], [0, 1, 0, 0, 0]], [[0, 1, 0, 1, 1], [0, 0, 1, 0, 0], [1, 0, 0, 0, 0]]]
+    product = as_np(fw, xp.matrix_mean(matrix, fw.tensor(src), fw.tensor(inv)), F64)
+    scattered = as_np(fw, xp.segment_mean(fw.tensor(src), fw.tensor(rows), 6, None), F64)
+    assert np.allclose(product, scattered, rtol=1e-6, atol=0)
+    # unforced, a CPU's (and the reference's) mean scatters: a product costs it M times the adds
+    assert xp.merge_matrix(fw.tensor(rows), 2, 5, 3, fw.tensor(src)) is None
 
 
 def test_scatter_add_accumulates_repeated_indices_out_of_place(fw):

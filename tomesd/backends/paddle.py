@@ -129,6 +129,21 @@ class PaddleArrays:
             inv_counts = inv_counts.astype(x.dtype)
         return self.scatter_add(self.zeros([count, x.shape[1]], x), segments, x) * inv_counts
 
+    def merge_matrix(self, rows: paddle.Tensor, batch: int, n: int, m: int, like: paddle.Tensor,
+                     force: bool = False) -> Optional[paddle.Tensor]:
+        if not force:
+            return None  # ppdiffusers' numerics: its scatter, for parity with it
+        local = rows.reshape([batch, 1, n]) - (paddle.arange(batch, dtype="int64") * m).reshape([batch, 1, 1])
+        ones = paddle.ones([batch, 1, n], dtype=like.dtype)
+        return paddle.put_along_axis(paddle.zeros([batch, m, n], dtype=like.dtype), local, ones, 1)
+
+    def matrix_mean(self, matrix: paddle.Tensor, x: paddle.Tensor, inv_counts: paddle.Tensor) -> paddle.Tensor:
+        b, m, n = matrix.shape
+        total = paddle.bmm(matrix, x.reshape([b, n, -1])).reshape([b * m, -1])
+        if inv_counts.dtype != x.dtype:
+            inv_counts = inv_counts.astype(x.dtype)
+        return total * inv_counts
+
     @staticmethod
     def prefers_kept_counts() -> bool:
         return True  # its mean is a sum times counts either way: counted once per merge, not at every site

@@ -1,6 +1,7 @@
 """PyTorch backend."""
 from __future__ import annotations
 
+import contextlib
 import operator
 from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 
@@ -8,6 +9,40 @@ import torch
 
 from . import torch_dispatch, torch_function_seam, torch_links, torch_parallel, torch_projections, torch_sdpa
 
+
+
+# A mean merge as a product with its 0/1 matrix [B, M, N] (merge_matrix), in place of a scatter (index_add_ or
+# scatter_reduce_), where the device-time model prices the product the cheaper (docs/device-time.md, "ToMe's own
+# kernels"): a GPU's scatter moves a byte about five times slower than a copy (its atomics; rates.json's "scatter"
+# against "copy"), while the product's FLOPs run on tensor cores. Per channel the product costs 2·M·N FLOPs and the
+# scatter (2·M + N) elements, so the choice does not depend on C: with the fitted H100 rates at half precision they
+# break even at M·N / (2·M + N) ≈ 2,200 (H200 alike). Below _PRODUCT_BREAK_EVEN (a margin for the model's error)
+# and within _PRODUCT_BYTES of matrix, the product: Flux, SD3 and SDXL at 1024² (4,096 tokens), not SD1.5's 16,384
+# nor Wan's 32,760 at their picks. On a CPU a product costs M times the scatter's adds, and float32 products run
+# without tensor cores by default: both keep the scatter, as does torch in tests (the product is tested by force).
+_PRODUCT_BREAK_EVEN = 1500.0
+_PRODUCT_BYTES = 64 << 20
+_HALF = (torch.float16, torch.bfloat16)
+_PRODUCTS = [True]  # off inside scattered_merges()
+
+
+def merge_pays_as_product(like: torch.Tensor, batch: int, n: int, m: int) -> bool:
+    """Whether a mean merge of `batch` maps of n tokens into m rows, on `like`'s device and dtype, is priced cheaper
+    as a product with its matrix than as a scatter (the meta device stands for the GPU it is traced for)."""
+    return (_PRODUCTS[0] and like.device.type != "cpu" and like.dtype in _HALF
+            and n * m < _PRODUCT_BREAK_EVEN * (2 * m + n) and batch * m * n * like.element_size() <= _PRODUCT_BYTES)
+
+
+@contextlib.contextmanager
+def scattered_merges() -> Iterator[None]:
+    """Every mean merge as a scatter, as before products were taken (the device-time model's fit traces the recorded
+    GPU runs so: they scattered)."""
+    before = _PRODUCTS[0]
+    _PRODUCTS[0] = False
+    try:
+        yield
+    finally:
+        _PRODUCTS[0] = before
 
 
 class TorchArrays:
@@ -74,6 +109,24 @@ class TorchArrays:
         # Three kernels, and inductor lowers them (it runs scatter_reduce_'s mean as an aten fallback). float32
         # counts: a half-precision sum is scaled in float32 and rounded once
         return torch.zeros((count, x.shape[1]), device=x.device, dtype=x.dtype).index_add_(0, segments, x).mul_(inv_counts)
+
+    @staticmethod
+    def merge_matrix(rows: torch.Tensor, batch: int, n: int, m: int, like: torch.Tensor,
+                     force: bool = False) -> Optional[torch.Tensor]:
+        # Built once per merge, for every merging site of its block (merge_pays_as_product says when)
+        if not force and not merge_pays_as_product(like, batch, n, m):
+            return None
+        local = rows.view(batch, 1, n) - torch.arange(0, batch * m, m, device=rows.device).view(batch, 1, 1)
+        return torch.zeros((batch, m, n), device=like.device, dtype=like.dtype).scatter_(1, local, 1.0)
+
+    @staticmethod
+    def matrix_mean(matrix: torch.Tensor, x: torch.Tensor, inv_counts: torch.Tensor) -> torch.Tensor:
+        b, m, n = matrix.shape
+        if matrix.dtype != x.dtype:  # a site of another dtype than the merge's first (not seen in a host)
+            matrix = matrix.to(x.dtype)
+        # The product accumulates in float32 (tensor cores) and rounds once; times the float32 counts, once more,
+        # as the scatter's sum times them does
+        return torch.bmm(matrix, x.view(b, n, -1)).view(b * m, -1).mul_(inv_counts)
 
     # A Python function bound as is: the merge asks once per merge, not per site
     prefers_kept_counts = staticmethod(torch.compiler.is_compiling)

@@ -3,7 +3,9 @@
 
 Each recorded configuration is traced on the meta device at the width, size, batch and dtype it ran at, with
 today's code (a ToMe row recorded before a later change of ToMe's kernels is traced as ToMe is now: such a row is
-flagged by its kernel counts and reported apart). The rates are one non-negative least-squares fit (`fit`) over every
+flagged by its kernel counts and reported apart), but with mean merges scattered as the runs did (a merge taken as
+a product, torch_backend's merge_pays_as_product, came after them: its classes are priced at their fitted rates
+and checked when a GPU is next lent). The rates are one non-negative least-squares fit (`fit`) over every
 (record, class), each row weighed by its forward's total (so a 300 ms forward does not outweigh a 40 ms one). The
 validation fits without one model (an architecture at one size, on every GPU) and predicts its device-time ratios,
 each configuration against the same run's baseline."""
@@ -22,6 +24,7 @@ Key = Tuple[Tuple[Tuple[str, Any], ...], str]
 
 def traced(records: List[Record]) -> Tuple[Dict[Key, List[Launch]], Dict[Key, str]]:
     """({(settings, label): launches}, {(settings, label): why it could not be traced})."""
+    from ..backends.torch import scattered_merges
     from ..bench.forward_trace import ForwardTracer
 
     launches: Dict[Key, List[Launch]] = {}
@@ -35,7 +38,8 @@ def traced(records: List[Record]) -> Tuple[Dict[Key, List[Launch]], Dict[Key, st
         tracer = ForwardTracer(dict(settings))
         for label in labels:
             try:
-                launches[(settings, label)] = tracer.launches(label)
+                with scattered_merges():  # the recorded runs' merges were scatters (products came after them)
+                    launches[(settings, label)] = tracer.launches(label)
             except TraceRefused as exc:
                 refused[(settings, label)] = str(exc)
     return launches, refused

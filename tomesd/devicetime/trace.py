@@ -79,11 +79,15 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tomesd
 _OWN = (os.path.join(os.path.dirname(_PACKAGE), "tome_core", ""), os.path.join(_PACKAGE, ""))
 
 
-def _asked_by_tome(skipped: Tuple[str, ...]) -> bool:
-    """Whether the innermost caller outside torch and this tracer is ToMe's code (tome_core, tomesd)."""
+def _asked_by_tome(skipped: Tuple[str, ...], modules: str) -> bool:
+    """Whether the innermost caller outside torch and this tracer is ToMe's code (tome_core, tomesd). An op a
+    torch module's forward launches (`modules`: torch/nn/modules/) is the host's even where ToMe's wrapper called
+    that forward (a sub-layer ToMe seats itself in, as Flux's proj_mlp)."""
     frame = sys._getframe(2)
     while frame is not None:
         name = frame.f_code.co_filename
+        if name.startswith(modules):
+            return False
         if not name.startswith(skipped):
             return name.startswith(_OWN)
         frame = frame.f_back
@@ -103,6 +107,7 @@ def trace(forward: Callable[[], Any]) -> List[Launch]:
 
     launches: List[Launch] = []
     skipped = (os.path.join(os.path.dirname(torch.__file__), ""), os.path.abspath(__file__), "<")
+    modules = os.path.join(os.path.dirname(torch.__file__), "nn", "modules", "")
 
     class Fused(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -126,7 +131,7 @@ def trace(forward: Callable[[], Any]) -> List[Launch]:
             if name == "rms_norm":
                 x = args[0]
                 out = torch.empty_like(x)
-                launches.append(Launch(name, NORM, 0.0, 2.0 * _nbytes(x), _asked_by_tome(skipped)))
+                launches.append(Launch(name, NORM, 0.0, 2.0 * _nbytes(x), _asked_by_tome(skipped, modules)))
                 return out
             return func(*args, **kwargs)
 
@@ -145,9 +150,15 @@ def trace(forward: Callable[[], Any]) -> List[Launch]:
             if cls in (MATMUL, CONV) and counter is not None:
                 flops = float(counter(*args, **kwargs, out_val=out))
             moved = sum(_nbytes(t) for t in tensors) + sum(_nbytes(t) for t in outs)
+            if name in ("scatter", "scatter_") and "reduce" not in kwargs and len(args) > 3:
+                # a plain scatter reads its index and source and writes the elements they name, not the whole
+                # target (a merge's 0/1 matrix: N ones into a zeroed [B, M, N])
+                index, src = args[2], args[3]
+                moved = _nbytes(index) + (_nbytes(src) if isinstance(src, torch.Tensor) else 0.0) \
+                    + index.numel() * args[0].element_size()
             if name == "native_group_norm":  # two passes over its input: the groups' statistics, then the output
                 moved += _nbytes(args[0])
-            own = _asked_by_tome(skipped)
+            own = _asked_by_tome(skipped, modules)
             launches.append(Launch(name, cls, flops, moved, own))
             if cls == CONV and len(args) > 2 and isinstance(args[2], torch.Tensor):
                 # cuDNN adds a convolution's bias in a kernel of its own (add_, read and written in place)
