@@ -1,4 +1,6 @@
-"""tomesd's public API: apply_patch / remove_patch, for torch and paddle models alike."""
+"""tomesd's public API: apply_patch / remove_patch, for torch and paddle models alike; and the rest of tomesd 0.1.3's
+`tomesd.patch` module, which hosts import (compat013.py): compute_merge, hook_tome_model, and the block-class
+factories, which refuse by name."""
 from __future__ import annotations
 
 import inspect
@@ -6,8 +8,14 @@ from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
 from tome_core import ToMeArgs
 
-from .hosts import targets
+from . import merge  # noqa: F401  (tomesd 0.1.3's tomesd.patch.merge)
+from .compat013 import compute_merge, hook_tome_model, make_diffusers_tome_block, make_tome_block, refuse_replaced
 from .config import CONFIGS, ToDoConfig, ToMeConfig
+from .hosts import targets
+from .utils import init_generator, isinstance_str  # noqa: F401  (tomesd.patch's names in tomesd 0.1.3)
+
+__all__ = ["apply_patch", "remove_patch", "compute_merge", "hook_tome_model", "make_tome_block",
+           "make_diffusers_tome_block", "merge", "isinstance_str", "init_generator"]
 
 
 def apply_patch(
@@ -108,6 +116,7 @@ def apply_patch(
     one the chosen mode has no use for, and any setting given beside `config`); TypeError for a
     `config` that is not a ToMeConfig / ToDoConfig, or an object ToMe cannot patch.
     """
+    refuse_replaced(globals())  # a host's make_tome_block set here would be ignored: refused, before anything
     settings = dict(
         ratio=ratio, max_downsample=max_downsample, sx=sx, sy=sy, use_rand=use_rand, merge_attn=merge_attn,
         merge_crossattn=merge_crossattn, merge_mlp=merge_mlp, seed=seed, mode=mode,
@@ -144,3 +153,11 @@ def resolve(config: Any, settings: Mapping[str, Any], caller: str = "apply_patch
 def remove_patch(model: Any) -> Any:
     """Remove every ToMe patch from `model`; a no-op for an unpatched model."""
     return targets.remove(model)[0]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "torch":  # tomesd 0.1.3's module imported torch at its top; this one imports it when asked
+        import torch
+
+        return torch
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
