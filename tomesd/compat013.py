@@ -84,5 +84,5 @@ def refuse_replaced(namespace: Dict[str, Any]) -> None:
             raise RuntimeError(
                 f"tomesd.patch.{name} was replaced (by {where}), as tomesd 0.1.3's apply_patch would build its blocks "
                 f"with it; this tomesd patches by hooks and never calls it, so the replacement cannot take effect. "
-                f"Set it back (tomesd.patch.{name} = tomesd.compat013.{name}) and apply_patch patches the model for "
-                f"any torch device; or keep tomesd==0.1.3 for the host's own block")
+                f"Set it back (tomesd.patch.{name} = tomesd.compat013.{name}) and apply_patch patches the model by its "
+                f"own hooks; or keep tomesd==0.1.3 for the host's own block")

@@ -116,7 +116,7 @@ class TorchArrays:
         # Built once per merge, for every merging site of its block (merge_pays_as_product says when)
         if not force and not merge_pays_as_product(like, batch, n, m):
             return None
-        local = rows.view(batch, 1, n) - torch.arange(0, batch * m, m, device=rows.device).view(batch, 1, 1)
+        local = rows.reshape(batch, 1, n) - torch.arange(0, batch * m, m, device=rows.device).view(batch, 1, 1)
         return torch.zeros((batch, m, n), device=like.device, dtype=like.dtype).scatter_(1, local, 1.0)
 
     @staticmethod
@@ -126,7 +126,8 @@ class TorchArrays:
             matrix = matrix.to(x.dtype)
         # The product accumulates in float32 (tensor cores) and rounds once; times the float32 counts, once more,
         # as the scatter's sum times them does
-        return torch.bmm(matrix, x.view(b, n, -1)).view(b * m, -1).mul_(inv_counts)
+        # reshape, not view: a site's tokens may come strided (a view of the host's), copied then as a scatter reads
+        return torch.bmm(matrix, x.reshape(b, n, -1)).view(b * m, -1).mul_(inv_counts)
 
     # A Python function bound as is: the merge asks once per merge, not per site
     prefers_kept_counts = staticmethod(torch.compiler.is_compiling)
