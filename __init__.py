@@ -1,5 +1,6 @@
 """ComfyUI's entry to this repository cloned into `custom_nodes` (ComfyUI-Manager, comfy-cli's `node install`, the
-Comfy Registry): the node pack of `tomesd/comfyui`, with `tomesd` and `tome_core` taken from this clone.
+Comfy Registry): the node pack of `tomesd/comfyui`, with `tomesd` and `tome_core` taken from this clone. The web UI
+extension (scripts/tomesd_webui.py, the same clone in `extensions`) loads its packages through `load_packages` here.
 
 ComfyUI imports this file under a name of its own, from a folder that is not on `sys.path`; so the two packages are
 loaded here by their paths, when ComfyUI first asks for the node mappings (so that importing this file as a
@@ -27,6 +28,10 @@ def _load(name: str) -> None:
         raise
 
 
+def _is_ours(module) -> bool:
+    return any(os.path.isdir(os.path.join(folder, "comfyui")) for folder in getattr(module, "__path__", []))
+
+
 def _version_of(module) -> str:
     """A module's version: its own attribute, or the metadata installed beside it (tomesd 0.1.3 has no attribute)."""
     if hasattr(module, "__version__"):
@@ -40,11 +45,18 @@ def _version_of(module) -> str:
     return "unknown"
 
 
-def _ensure_packages() -> None:
+def load_packages(replace_foreign: bool = False) -> None:
+    """`tomesd` and `tome_core` from this clone, unless this project's `tomesd` is imported already. A foreign one
+    (tomesd 0.1.3) is refused, or with `replace_foreign` forgotten by `sys.modules`: the web UIs import tomesd 0.1.3
+    for the one module that the extension then points at this one (its holders keep their module objects)."""
     present = sys.modules.get("tomesd")
+    if present is not None and replace_foreign and not _is_ours(present):
+        for name in [n for n in sys.modules if n == "tomesd" or n.startswith("tomesd.")]:
+            del sys.modules[name]
+        present = None
     if present is not None:
-        folders = list(getattr(present, "__path__", []))
-        if not any(os.path.isdir(os.path.join(folder, "comfyui")) for folder in folders):
+        if not _is_ours(present):
+            folders = list(getattr(present, "__path__", []))
             raise ImportError(
                 f"another tomesd (version {_version_of(present)}, from "
                 f"{folders[0] if folders else getattr(present, '__file__', '?')}) is already imported in this ComfyUI, "
@@ -64,7 +76,7 @@ __all__ = list(_EXPORTS)
 def __getattr__(name: str):
     if name not in _EXPORTS:
         raise AttributeError(name)
-    _ensure_packages()
+    load_packages()
     import tomesd.comfyui.nodes as nodes
 
     return getattr(nodes, name)

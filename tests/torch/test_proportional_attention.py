@@ -302,6 +302,9 @@ def test_the_original_ldm_code_weighs_its_keys_in_its_projections_as_sdpa_would(
     assert (weighed - plain).abs().max().item() > 1000 * tol
     assert (weighed - weighed_sdpa).abs().max().item() < tol
     assert torch.equal(_ldm_output(own), base)  # removed: no hook left on to_q / to_k
+    assert not any(m._forward_hooks for name, m in own.named_modules() if name.endswith(("to_q", "to_k")))
+    # patched again (as the web UIs do per pass): one channel per head again, not one more per patch before it
+    assert torch.equal(_ldm_output(own, use_rand=False, proportional_attention=True), weighed)
 
 
 @pytest.mark.skipif(not torch_dispatch.available(), reason="this diffusers has no attention dispatch, nor context "

@@ -261,10 +261,11 @@ class TorchHost:
         """torch's scaled_dot_product_attention, where proportional attention weighs merged keys (torch_sdpa.py)."""
         return torch_sdpa.SDPA_SEAM
 
-    def projection_hooks(self, seam: Any, attention: torch.nn.Module) -> Optional[Tuple[Callable, Callable]]:
+    def projection_hooks(self, seam: Any, attention: torch.nn.Module,
+                         owner: Any) -> Optional[Tuple[Callable, Callable]]:
         """Hooks on an attention's to_q / to_k weighing its keys there, where it forms its scores itself (the original
         LDM code's CrossAttention: torch_projections.py); None where it calls SDPA."""
-        return torch_projections.projection_hooks(seam, attention)
+        return torch_projections.projection_hooks(seam, attention, owner)
 
     def function_seam(self, path: str) -> Any:
         """A function a block calls by its module-level name, "module:name" (torch_function_seam.py)."""

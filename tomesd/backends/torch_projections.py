@@ -20,26 +20,33 @@ def own_scores(attention: Any) -> bool:
     return cls.__name__ == "CrossAttention" and cls.__module__ == "ldm.modules.attention"
 
 
-def projection_hooks(seam: Any, attention: Any) -> Optional[Tuple[Callable, Callable]]:
-    """(post-hook for to_q, post-hook for to_k) weighing `attention`'s merged keys, or None where it calls SDPA."""
+def projection_hooks(seam: Any, attention: Any, owner: Any) -> Optional[Tuple[Callable, Callable]]:
+    """(post-hook for to_q, post-hook for to_k) weighing `attention`'s merged keys, or None where it calls SDPA. The
+    hooks are methods of an object whose `patch` is `owner`, so that removing the patch's hooks takes them too."""
     if not own_scores(attention):
         return None
-    heads, scale = attention.heads, attention.scale
+    weights = _ProjectionWeights(owner, seam, attention.heads, attention.scale)
+    return weights.query, weights.key
 
-    def query(module: Any, args: tuple, out: torch.Tensor) -> torch.Tensor:
-        arming = seam.armed()
+
+class _ProjectionWeights:
+    __slots__ = ("patch", "seam", "heads", "scale")
+
+    def __init__(self, patch: Any, seam: Any, heads: int, scale: float) -> None:
+        self.patch, self.seam, self.heads, self.scale = patch, seam, heads, scale
+
+    def query(self, module: Any, args: tuple, out: torch.Tensor) -> torch.Tensor:
+        arming = self.seam.armed()
         if arming is None or arming.left <= 0:
             return out
-        return _per_head(out, heads, out.new_ones(1, 1, 1))
+        return _per_head(out, self.heads, out.new_ones(1, 1, 1))
 
-    def key(module: Any, args: tuple, out: torch.Tensor) -> torch.Tensor:
-        arming = seam.armed()
+    def key(self, module: Any, args: tuple, out: torch.Tensor) -> torch.Tensor:
+        arming = self.seam.armed()
         if arming is None or not arming.take():
             return out
-        bias = arming.rewrite.bias(out.shape[1], out.shape[0], scale, out.dtype)  # torch_sdpa.KeyWeights
-        return _per_head(out, heads, bias.unsqueeze(-1))
-
-    return query, key
+        bias = arming.rewrite.bias(out.shape[1], out.shape[0], self.scale, out.dtype)  # torch_sdpa.KeyWeights
+        return _per_head(out, self.heads, bias.unsqueeze(-1))
 
 
 def _per_head(x: torch.Tensor, heads: int, extra: torch.Tensor) -> torch.Tensor:

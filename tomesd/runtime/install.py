@@ -164,7 +164,7 @@ def weigh_projections(patch: Any, attention: Any) -> None:
     """An attention that forms its scores itself (the original LDM code's) takes the weights in its query and key
     projections, one more channel per head (backends/torch_projections.py); one that calls SDPA, there."""
     hooks = getattr(patch.host, "projection_hooks", None)
-    pair = hooks(patch.key_seam, attention) if hooks is not None else None
+    pair = hooks(patch.key_seam, attention, patch) if hooks is not None else None
     if pair is not None:
         add_hook(patch, attention.to_q, patch.host.add_post_hook, pair[0])
         add_hook(patch, attention.to_k, patch.host.add_post_hook, pair[1])

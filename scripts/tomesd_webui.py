@@ -1,0 +1,70 @@
+"""The AUTOMATIC1111 web UI extension: this repository cloned into the web UI's `extensions` folder (Extensions ->
+Install from URL). The web UI's own token merging (its three ratio settings and their infotext) then runs this
+project's ToMe, with the choices of Settings -> "Token merging (tomesd)": ToDo, the levels that merge (auto makes
+SDXL merge), proportional attention, or the recommended setting. The logic is tomesd/hosts/webui.py; this file is
+the web UI's side of it (settings, the script hook, loading the packages from the clone).
+
+The packages load from this clone, so the launcher's reinstall of its pinned tomesd 0.1.3 replaces nothing used
+here; that copy stays imported where the web UI imported it, and `modules.sd_models.tomesd` is pointed at this one."""
+import importlib.util
+import os
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_spec = importlib.util.spec_from_file_location("tomesd_extension_entry", os.path.join(_ROOT, "__init__.py"))
+_entry = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_entry)
+_entry.load_packages(replace_foreign=True)
+
+import gradio as gr  # noqa: E402
+from modules import script_callbacks, scripts, sd_models, shared  # noqa: E402
+
+from tomesd.hosts.webui import LEVELS, METHODS, PREFIX, WebUIChoice, WebUITomesd, install  # noqa: E402
+
+_SECTION = ("tomesd", "Token merging (tomesd)")
+_OPTIONS = {
+    "tomesd_method": ("ToMe", "Token merging method (the ratios are the Optimizations page's: above 0 turns it on)",
+                      gr.Radio, {"choices": list(METHODS)}, "Token merging method"),
+    "tomesd_levels": ("auto", "Levels that merge (max_downsample; auto: 1 on SD1/SD2, 2 on SDXL)", gr.Radio,
+                      {"choices": list(LEVELS)}, "Token merging levels"),
+    "tomesd_proportional_attention": (False, "Proportional attention (ToMe: closer to the unmerged model)",
+                                      gr.Checkbox, {}, "Token merging proportional attention"),
+    "tomesd_todo_factor": (2, "ToDo factor per side", gr.Slider, {"minimum": 1, "maximum": 4, "step": 1},
+                           "Token downsampling factor"),
+}
+_size = {"value": None}
+
+
+def _choice() -> WebUIChoice:
+    data = shared.opts.data
+    return WebUIChoice(method=data.get("tomesd_method", "ToMe"), levels=str(data.get("tomesd_levels", "auto")),
+                       proportional_attention=bool(data.get("tomesd_proportional_attention", False)),
+                       todo_factor=int(data.get("tomesd_todo_factor", 2)))
+
+
+_webui_tomesd = WebUITomesd(_choice, size=lambda: _size["value"])
+try:
+    install(sd_models, _webui_tomesd)
+except RuntimeError as refusal:
+    print(f"{PREFIX} {refusal}")
+
+
+def _on_ui_settings() -> None:
+    for key, (default, label, component, args, infotext) in _OPTIONS.items():
+        shared.opts.add_option(key, shared.OptionInfo(default, label, component, args, section=_SECTION,
+                                                      infotext=infotext))
+
+
+script_callbacks.on_ui_settings(_on_ui_settings)
+
+
+class Script(scripts.Script):
+    def title(self):
+        return "tomesd"
+
+    def show(self, is_img2img):
+        return scripts.AlwaysVisible
+
+    def process(self, p, *args):
+        _size["value"] = (p.height, p.width)
+        if p.get_token_merging_ratio() > 0:
+            p.extra_generation_params.update(_choice().infotext())

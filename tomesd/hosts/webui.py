@@ -1,0 +1,129 @@
+"""The AUTOMATIC1111 web UI's token merging answered by this project (the extension: scripts/tomesd_webui.py).
+
+A1111 keeps its own token merging: three ratio settings (txt2img, img2img, high-res pass), their infotext, and
+`modules.sd_models.apply_token_merging`, which per pass calls `tomesd.remove_patch(sd_model)` and
+`tomesd.apply_patch(sd_model, ratio=r, use_rand=False, merge_attn=True, merge_crossattn=False, merge_mlp=False)` on
+the module it imported as `tomesd`. The extension points that one name at a `WebUITomesd`, which takes the web UI's
+call with the user's choice of this project's settings (`WebUIChoice`: ToMe, ToDo or the recommended setting, the
+levels that merge, proportional attention). What the model cannot run is said in one console line and the pass runs
+unpatched, with nothing left on the model."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, Optional, Tuple
+
+METHODS = ("ToMe", "ToDo", "recommended")
+LEVELS = ("auto", "1", "2", "4", "8")
+PREFIX = "[tomesd]"
+
+
+@dataclasses.dataclass(frozen=True)
+class WebUIChoice:
+    """The extension's settings, as the web UI's settings page holds them."""
+    method: str = "ToMe"  # ToMe: the web UI's ratio; ToDo: its ratio above 0 turns ToDo on; recommended: tomesd.recommend
+    levels: str = "auto"  # max_downsample; auto: this project's default (1 on SD1/SD2, 2 on SDXL, where 1 merges nothing)
+    proportional_attention: bool = False
+    todo_factor: int = 2
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"token merging method {self.method!r}: one of {', '.join(METHODS)}")
+        if str(self.levels) not in LEVELS:
+            raise ValueError(f"token merging levels {self.levels!r}: one of {', '.join(LEVELS)}")
+
+    def infotext(self) -> Dict[str, Any]:
+        """What differs from plain ToMe, for the generation's parameters (the ratio is the web UI's own)."""
+        found: Dict[str, Any] = {}
+        if self.method != "ToMe":
+            found["Token merging method"] = self.method
+        if self.method == "ToDo" and self.todo_factor != 2:
+            found["Token downsampling factor"] = self.todo_factor
+        if str(self.levels) != "auto" and self.method != "recommended":
+            found["Token merging levels"] = int(self.levels)
+        if self.proportional_attention and self.method == "ToMe":
+            found["Token merging proportional attention"] = True
+        return found
+
+
+class WebUITomesd:
+    """Stands where the web UI's `tomesd` module stood: `apply_patch` and `remove_patch` as the web UI calls them,
+    every other name of this project's `tomesd`."""
+
+    def __init__(self, choice: Callable[[], WebUIChoice], size: Callable[[], Optional[Tuple[int, int]]] = lambda: None,
+                 say: Callable[[str], None] = print) -> None:
+        import tomesd
+
+        self._tomesd = tomesd
+        self._choice = choice
+        self._size = size
+        self._say = say
+        self.refused: Optional[str] = None  # the last pass's refusal, for the extension's infotext
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tomesd, name)
+
+    def apply_patch(self, model: Any, ratio: float = 0.5, **webui_arguments: Any) -> Any:
+        self.refused = None
+        try:
+            arguments = self.arguments(model, ratio, webui_arguments)
+            self._tomesd.apply_patch(model, **arguments)
+        except (ValueError, TypeError, LookupError, RuntimeError) as refusal:
+            self._tomesd.remove_patch(model)
+            self.refused = str(refusal)
+            self._say(f"{PREFIX} token merging is off for this pass, the generation runs without it: {refusal}")
+        return model
+
+    def remove_patch(self, model: Any) -> Any:
+        return self._tomesd.remove_patch(model)
+
+    def arguments(self, model: Any, ratio: float, webui_arguments: Dict[str, Any]) -> Dict[str, Any]:
+        """This project's `apply_patch` arguments for the web UI's call under the current choice."""
+        choice = self._choice()
+        levels = None if str(choice.levels) == "auto" else int(choice.levels)
+        if choice.method == "recommended":
+            size = self._size()
+            config = self._tomesd.recommend(family="sdxl" if _is_sdxl(model) else "sd1", size=size,
+                                            device=_device_of(model))
+            return dict(config=config)
+        if choice.method == "ToDo":
+            return dict(mode="downsample", downsample_factor=choice.todo_factor, max_downsample=levels)
+        arguments = dict(webui_arguments, ratio=ratio)
+        if levels is not None:
+            arguments["max_downsample"] = levels
+        if choice.proportional_attention:
+            arguments["proportional_attention"] = True
+        return arguments
+
+
+def _is_sdxl(model: Any) -> bool:
+    """A1111 marks its models (`is_sdxl`); an SGM model holding a `conditioner` is one too."""
+    return bool(getattr(model, "is_sdxl", False) or hasattr(model, "conditioner"))
+
+
+def _device_of(model: Any) -> str:
+    for parameter in model.parameters():
+        return parameter.device.type
+    return "cpu"
+
+
+def install(sd_models: Any, webui_tomesd: WebUITomesd) -> Any:
+    """Points the web UI's `sd_models.tomesd` at `webui_tomesd`; returns what it was, for `uninstall`."""
+    if not hasattr(sd_models, "apply_token_merging") or not hasattr(sd_models, "tomesd"):
+        raise RuntimeError("this web UI's modules.sd_models has no apply_token_merging calling tomesd (Forge runs "
+                           "its own copy, backend/misc/tomesd.py): the extension leaves its token merging as it is")
+    previous = sd_models.tomesd
+    applied = getattr(getattr(sd_models, "model_data", None), "sd_model", None)
+    if applied is not None and getattr(applied, "applied_token_merged_ratio", 0):
+        previous.remove_patch(applied)  # a model the old module patched: unpatched by it, patched anew next pass
+        applied.applied_token_merged_ratio = 0
+    sd_models.tomesd = webui_tomesd
+    return previous
+
+
+def uninstall(sd_models: Any, previous: Any) -> None:
+    current = sd_models.tomesd
+    applied = getattr(getattr(sd_models, "model_data", None), "sd_model", None)
+    if applied is not None and getattr(applied, "applied_token_merged_ratio", 0):
+        current.remove_patch(applied)
+        applied.applied_token_merged_ratio = 0
+    sd_models.tomesd = previous
