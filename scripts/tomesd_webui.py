@@ -68,3 +68,6 @@ class Script(scripts.Script):
         _size["value"] = (p.height, p.width)
         if p.get_token_merging_ratio() > 0:
             p.extra_generation_params.update(_choice().infotext())
+
+    def before_hr(self, p, *args):  # the high-res pass: the recommended setting is picked for its size
+        _size["value"] = (p.hr_upscale_to_y, p.hr_upscale_to_x)
