@@ -1,8 +1,9 @@
 """The AUTOMATIC1111 web UI extension: this repository cloned into the web UI's `extensions` folder (Extensions ->
 Install from URL). The web UI's own token merging (its three ratio settings and their infotext) then runs this
 project's ToMe, with the choices of Settings -> "Token merging (tomesd)": ToDo, the levels that merge (auto makes
-SDXL merge), proportional attention, or the recommended setting. The logic is tomesd/hosts/webui.py; this file is
-the web UI's side of it (settings, the script hook, loading the packages from the clone).
+SDXL merge), proportional attention, or the recommended setting. On Forge and reForge the same settings answer
+their own token merging (their TomePatcher) on their UNets. The logic is tomesd/webui/ (a1111.py, forge.py); this
+file is the web UIs' side of it (settings, the script hook, loading the packages from the clone).
 
 The packages load from this clone, so the launcher's reinstall of its pinned tomesd 0.1.3 replaces nothing used
 here; that copy stays imported where the web UI imported it, and `modules.sd_models.tomesd` is pointed at this one."""
@@ -18,7 +19,7 @@ _entry.load_packages(replace_foreign=True)
 import gradio as gr  # noqa: E402
 from modules import script_callbacks, scripts, sd_models, shared  # noqa: E402
 
-from tomesd.hosts.webui import LEVELS, METHODS, PREFIX, WebUIChoice, WebUITomesd, install  # noqa: E402
+from tomesd.webui.a1111 import LEVELS, METHODS, PREFIX, WebUIChoice, WebUITomesd, install  # noqa: E402
 
 _SECTION = ("tomesd", "Token merging (tomesd)")
 _OPTIONS = {
@@ -41,11 +42,24 @@ def _choice() -> WebUIChoice:
                        todo_factor=int(data.get("tomesd_todo_factor", 2)))
 
 
-_webui_tomesd = WebUITomesd(_choice, size=lambda: _size["value"])
-try:
-    install(sd_models, _webui_tomesd)
-except RuntimeError as refusal:
-    print(f"{PREFIX} {refusal}")
+def _unweighed_attention():
+    """A1111's cross-attention optimization where it makes no torch SDPA call (proportional attention needs one)."""
+    from modules import sd_hijack
+
+    name = getattr(sd_hijack.model_hijack, "optimization_method", None)
+    return None if name in (None, "", "sdp", "sdp-no-mem") else name
+
+
+try:  # A1111: its sd_models.tomesd, called by its apply_token_merging
+    install(sd_models, WebUITomesd(_choice, size=lambda: _size["value"], attention=_unweighed_attention))
+except RuntimeError:
+    try:  # Forge and reForge: their backend.misc.tomesd.TomePatcher, looked up at each pass
+        import backend.misc.tomesd as _forge_misc
+        from tomesd.webui.forge import forge_tome_patcher, install as install_forge
+
+        install_forge(_forge_misc, forge_tome_patcher(_choice, size=lambda: _size["value"]))
+    except (ImportError, RuntimeError) as refusal:
+        print(f"{PREFIX} this web UI calls no token merging the extension can answer ({refusal}): it does nothing")
 
 
 def _on_ui_settings() -> None:

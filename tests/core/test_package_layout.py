@@ -25,8 +25,8 @@ RANKS = (
     ("tomesd.config", 6), ("tomesd.patch", 6), ("tomesd.merge", 6),
     # the rest of tomesd 0.1.3's module surface (tomesd.patch's other functions, tomesd.utils)
     ("tomesd.compat013", 6), ("tomesd.utils", 6),
-    # front-ends on the public API: ppdiffusers' pipe.apply_tome(), ComfyUI's node pack
-    ("tomesd.apply_tome", 7), ("tomesd.comfyui", 7), ("tomesd.recommend", 7),
+    # front-ends on the public API: ppdiffusers' pipe.apply_tome(), ComfyUI's node pack, the web UIs' extension
+    ("tomesd.apply_tome", 7), ("tomesd.comfyui", 7), ("tomesd.recommend", 7), ("tomesd.webui", 7),
     # the device-time model (a forward's kernels priced per GPU); its fit traces the bench's configurations
     ("tomesd.devicetime", 7), ("tomesd.devicetime.fit", 8), ("tomesd.devicetime.picks", 8),
     ("tomesd.devicetime.__main__", 8),

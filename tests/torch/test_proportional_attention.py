@@ -307,6 +307,30 @@ def test_the_original_ldm_code_weighs_its_keys_in_its_projections_as_sdpa_would(
     assert torch.equal(_ldm_output(own, use_rand=False, proportional_attention=True), weighed)
 
 
+def test_the_ldm_code_under_the_web_uis_sdp_optimization_is_weighed_at_sdpa(monkeypatch):
+    """A1111 replaces LDM CrossAttention's forward with its optimization's; its SDP one scales by the heads' width, so
+    an extra channel in to_q / to_k would change the scale silently. There the weights go to torch's SDPA instead:
+    the same output as LDM's own forward with the weights in its projections."""
+    import tiny_torch as T
+    from ldm.modules.attention import CrossAttention
+
+    weighed = _ldm_output(T.ldm_model(), use_rand=False, proportional_attention=True)
+    plain = _ldm_output(T.ldm_model(), use_rand=False)
+
+    def sdp_forward(self, x, context=None, mask=None):  # the shape of A1111's scaled_dot_product_attention_forward
+        context = x if context is None else context
+        q, k, v = (t.reshape(t.shape[0], t.shape[1], self.heads, -1).transpose(1, 2)
+                   for t in (self.to_q(x), self.to_k(context), self.to_v(context)))
+        out = F.scaled_dot_product_attention(q, k, v)
+        return self.to_out(out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1))
+
+    monkeypatch.setattr(CrossAttention, "forward", sdp_forward)
+    hijacked = _ldm_output(T.ldm_model(), use_rand=False, proportional_attention=True)
+    tol = 1e-5 * weighed.abs().max().item()
+    assert (weighed - plain).abs().max().item() > 1000 * tol
+    assert (hijacked - weighed).abs().max().item() < tol
+
+
 @pytest.mark.skipif(not torch_dispatch.available(), reason="this diffusers has no attention dispatch, nor context "
                     "parallelism (env (a), current diffusers, runs it)")
 def test_under_context_parallelism_the_weights_move_to_the_dispatch_or_are_refused_by_name(unpatch):

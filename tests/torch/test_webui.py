@@ -1,4 +1,4 @@
-"""The A1111 web UI extension's logic (tomesd/hosts/webui.py) on the original LDM code, under the web UI's token
+"""The A1111 web UI extension's logic (tomesd/webui/a1111.py) on the original LDM code, under the web UI's token
 merging cycle. The web UI's code is not installable here (no package index has it), so `apply_token_merging` below
 is the cycle as A1111 1.10's modules/sd_models.py runs it, and `generate` the passes of its processing.py: the base
 ratio, the high-res pass's, the base again (the next generation), then 0. Each case checks that the output changes
@@ -13,7 +13,7 @@ import torch
 import tiny_torch as T
 import tomesd
 from references import load_tomesd_ref
-from tomesd.hosts.webui import WebUIChoice, WebUITomesd, install, uninstall
+from tomesd.webui.a1111 import WebUIChoice, WebUITomesd, install, uninstall
 from tomesd.runtime.tome_patch import PATCH_ATTR
 
 ref = load_tomesd_ref()
@@ -127,6 +127,20 @@ def test_a_setting_the_model_cannot_run_is_one_line_and_an_unpatched_pass():
     for output in outputs:
         assert torch.equal(output, plain)
     assert not leftovers(model)
+
+
+def test_proportional_attention_under_an_attention_that_cannot_weigh_is_refused_before_the_pass():
+    """A1111's xformers (or sub-quadratic, ...) optimization makes no SDPA call, where merged keys are weighed."""
+    model = T.ldm_model()
+    plain = denoise(model)
+    said = []
+    sd_models = types.SimpleNamespace(apply_token_merging=apply_token_merging, tomesd=ref,
+                                      model_data=types.SimpleNamespace(sd_model=None))
+    install(sd_models, WebUITomesd(lambda: WebUIChoice(proportional_attention=True), say=said.append,
+                                   attention=lambda: "xformers"))
+    outputs = generate(sd_models, model)
+    assert len(said) == 3 and "this web UI's attention is xformers" in said[0]
+    assert all(torch.equal(output, plain) for output in outputs) and not leftovers(model)
 
 
 def test_a_model_it_cannot_patch_is_one_line_and_an_unpatched_pass():

@@ -15,9 +15,13 @@ import torch
 
 
 def own_scores(attention: Any) -> bool:
-    """Whether `attention` forms its scores itself from to_q / to_k with a fixed scale (so the weights go there)."""
+    """Whether `attention` forms its scores itself from to_q / to_k with a fixed scale (so the weights go there): LDM's
+    CrossAttention running LDM's own forward. The A1111 web UI replaces that forward with its optimizations' (SDPA,
+    xformers, sub-quadratic, ...), which scale by the heads' width: one more channel would change their scale, so
+    those are weighed at torch's SDPA as any attention, or refused at the first call that makes none."""
     cls = type(attention)
-    return cls.__name__ == "CrossAttention" and cls.__module__ == "ldm.modules.attention"
+    return (cls.__name__ == "CrossAttention" and cls.__module__ == "ldm.modules.attention"
+            and getattr(cls.forward, "__module__", None) == "ldm.modules.attention")
 
 
 def projection_hooks(seam: Any, attention: Any, owner: Any) -> Optional[Tuple[Callable, Callable]]:

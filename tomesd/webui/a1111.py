@@ -15,6 +15,9 @@ from typing import Any, Callable, Dict, Optional, Tuple
 METHODS = ("ToMe", "ToDo", "recommended")
 LEVELS = ("auto", "1", "2", "4", "8")
 PREFIX = "[tomesd]"
+# What this project raises for a model or setting it cannot run (recommend's NoRecommendation is a LookupError): a web
+# UI says it in one line and runs the pass without ToMe.
+REFUSALS = (ValueError, TypeError, LookupError, RuntimeError)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,13 +53,14 @@ class WebUITomesd:
     every other name of this project's `tomesd`."""
 
     def __init__(self, choice: Callable[[], WebUIChoice], size: Callable[[], Optional[Tuple[int, int]]] = lambda: None,
-                 say: Callable[[str], None] = print) -> None:
+                 say: Callable[[str], None] = print, attention: Callable[[], Optional[str]] = lambda: None) -> None:
         import tomesd
 
         self._tomesd = tomesd
         self._choice = choice
         self._size = size
         self._say = say
+        self._attention = attention  # the web UI's attention where it cannot weigh merged keys (see choice_arguments)
         self.refused: Optional[str] = None  # the last pass's refusal, for the extension's infotext
 
     def __getattr__(self, name: str) -> Any:
@@ -67,10 +71,10 @@ class WebUITomesd:
         try:
             arguments = self.arguments(model, ratio, webui_arguments)
             self._tomesd.apply_patch(model, **arguments)
-        except (ValueError, TypeError, LookupError, RuntimeError) as refusal:
+        except REFUSALS as refusal:
             self._tomesd.remove_patch(model)
             self.refused = str(refusal)
-            self._say(f"{PREFIX} token merging is off for this pass, the generation runs without it: {refusal}")
+            self._say(refusal_line(refusal))
         return model
 
     def remove_patch(self, model: Any) -> Any:
@@ -78,21 +82,36 @@ class WebUITomesd:
 
     def arguments(self, model: Any, ratio: float, webui_arguments: Dict[str, Any]) -> Dict[str, Any]:
         """This project's `apply_patch` arguments for the web UI's call under the current choice."""
-        choice = self._choice()
-        levels = None if str(choice.levels) == "auto" else int(choice.levels)
-        if choice.method == "recommended":
-            size = self._size()
-            config = self._tomesd.recommend(family="sdxl" if _is_sdxl(model) else "sd1", size=size,
-                                            device=_device_of(model))
-            return dict(config=config)
-        if choice.method == "ToDo":
-            return dict(mode="downsample", downsample_factor=choice.todo_factor, max_downsample=levels)
-        arguments = dict(webui_arguments, ratio=ratio)
-        if levels is not None:
-            arguments["max_downsample"] = levels
-        if choice.proportional_attention:
-            arguments["proportional_attention"] = True
-        return arguments
+        return choice_arguments(self._choice(), ratio, webui_arguments, sdxl=lambda: _is_sdxl(model),
+                                device=lambda: _device_of(model), size=self._size, attention=self._attention)
+
+
+def choice_arguments(choice: WebUIChoice, ratio: float, webui_arguments: Dict[str, Any], sdxl: Callable[[], bool],
+                     device: Callable[[], str], size: Callable[[], Optional[Tuple[int, int]]],
+                     attention: Callable[[], Optional[str]] = lambda: None) -> Dict[str, Any]:
+    """`apply_patch` arguments for a web UI's ratio (and the arguments its call gave) under `choice`; the model's
+    facts are asked for only where the choice needs them (the recommended setting: family, device and size).
+    `attention` names the web UI's attention where it makes no call of torch's SDPA, which weighs merged keys
+    (xformers, sub-quadratic, ...; None where it does): proportional attention is refused there, before the pass,
+    instead of at its first call."""
+    import tomesd
+
+    levels = None if str(choice.levels) == "auto" else int(choice.levels)
+    if choice.method == "recommended":
+        return dict(config=tomesd.recommend(family="sdxl" if sdxl() else "sd1", size=size(), device=device()))
+    if choice.method == "ToDo":
+        return dict(mode="downsample", downsample_factor=choice.todo_factor, max_downsample=levels)
+    arguments = dict(webui_arguments, ratio=ratio)
+    if levels is not None:
+        arguments["max_downsample"] = levels
+    if choice.proportional_attention:
+        unweighed = attention()
+        if unweighed:
+            raise ValueError(f"proportional attention needs torch's SDPA, and this web UI's attention is {unweighed}: "
+                             f"pick sdp in Settings -> Optimizations (Forge: its pytorch attention), or turn "
+                             f"proportional attention off")
+        arguments["proportional_attention"] = True
+    return arguments
 
 
 def _is_sdxl(model: Any) -> bool:
@@ -104,6 +123,10 @@ def _device_of(model: Any) -> str:
     for parameter in model.parameters():
         return parameter.device.type
     return "cpu"
+
+
+def refusal_line(refusal: Exception) -> str:
+    return f"{PREFIX} token merging is off for this pass, the generation runs without it: {refusal}"
 
 
 def install(sd_models: Any, webui_tomesd: WebUITomesd) -> Any:

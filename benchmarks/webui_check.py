@@ -1,0 +1,123 @@
+"""The web UI extension's logic run on the web UIs' own code, which no package index has (docs/webui.md, "How it is
+tested"): give it the code from the Forge repository (which holds A1111's history too).
+
+    git -C FORGE_REPO show d6228060:modules/sd_models.py > a1111_sd_models.py   # A1111 1.7-era
+    git -C FORGE_REPO archive HEAD backend packages_3rdparty | tar -x -C forge/
+    pip install --no-deps --target forge_deps gguf                               # Forge's backend imports it
+    PYTHONPATH=.:tests .venv-torch/bin/python benchmarks/webui_check.py --a1111 a1111_sd_models.py \
+        --forge forge --forge-deps forge_deps [--forge-args --attention-pytorch]
+
+A1111: its own `apply_token_merging` (its source, executed with its `tomesd` pointed at the extension's WebUITomesd)
+over the passes 0.5, 0.3, 0.5, 0 on the tiny LDM model. Forge: its own UnetPatcher, IntegratedUNet2DConditionModel
+(SD1- and SDXL-shaped, random weights) and `calc_cond_uncond_batch`, with `backend.misc.tomesd.TomePatcher` replaced
+as the extension does and called as Forge's `apply_token_merging` calls it. Prints the change each makes."""
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+
+import torch
+
+
+def a1111(path: str) -> None:
+    import tiny_torch as T
+    from tomesd.webui.a1111 import WebUIChoice, WebUITomesd
+
+    source = open(path).read()
+    function = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)
+                    and n.name == "apply_token_merging")
+    for choice in (WebUIChoice(), WebUIChoice(method="ToDo"), WebUIChoice(method="recommended")):
+        said: list = []
+        namespace = {"tomesd": WebUITomesd(lambda: choice, size=lambda: (640, 640), say=said.append)}
+        exec(ast.get_source_segment(source, function), namespace)
+        model, (x, t, c) = T.ldm_model(), T.unet_inputs(2, 16, 16)
+        with torch.no_grad():
+            plain = model.model.diffusion_model(x, t.expand(2), c)
+            changes = []
+            for ratio in (0.5, 0.3, 0.5, 0):
+                namespace["apply_token_merging"](model, ratio)
+                changes.append(float((model.model.diffusion_model(x, t.expand(2), c) - plain).abs().max()))
+        print(f"A1111 {choice.method}: largest change per pass {[round(v, 4) for v in changes]}, "
+              f"{len(said)} console lines")
+
+
+def forge(root: str, deps: str, forge_args: list) -> None:
+    sys.argv = ["webui", "--always-cpu", *forge_args]
+    sys.path[:0] = [root, deps]
+    import backend.args  # noqa: F401  (Forge parses its arguments at import)
+    import backend.misc.tomesd as misc
+    from backend.nn.unet import IntegratedUNet2DConditionModel
+    from backend.patcher.unet import UnetPatcher
+    from backend.sampling import sampling_function
+    from backend.sampling.condition import Condition, ConditionCrossAttn
+    from diffusers import DDIMScheduler
+
+    import tomesd
+    from tomesd.webui.a1111 import WebUIChoice
+    from tomesd.webui.forge import forge_tome_patcher, install
+
+    def build(sdxl: bool):
+        torch.manual_seed(0)
+        config = dict(in_channels=4, model_channels=32, out_channels=4, num_res_blocks=[1, 1, 1], channel_mult=(1, 2, 2),
+                      num_head_channels=8, use_spatial_transformer=True, context_dim=32, use_linear_in_transformer=True,
+                      transformer_depth=[0, 1, 1] if sdxl else [1, 1, 0], transformer_depth_middle=1,
+                      transformer_depth_output=[0, 0, 1, 1, 1, 1] if sdxl else [1, 1, 1, 1, 0, 0])
+        if sdxl:
+            config.update(num_classes="sequential", adm_in_channels=2816)
+        net = IntegratedUNet2DConditionModel(**config)
+        with torch.no_grad():
+            for p in net.parameters():
+                p.copy_(torch.randn_like(p) / p[0].numel() ** 0.5 if p.ndim >= 2 else 1 + 0.1 * torch.randn_like(p))
+        net.storage_dtype = net.computation_dtype = torch.float32
+        net.load_device = net.offload_device = net.initial_device = torch.device("cpu")
+        return UnetPatcher.from_model(net, DDIMScheduler(beta_schedule="scaled_linear"), config=None)
+
+    def run(unet, sdxl: bool):
+        gen = torch.Generator().manual_seed(1)
+        x, text = torch.randn(2, 4, 32, 32, generator=gen), torch.randn(1, 7, 32, generator=gen)
+        conds = {"c_crossattn": ConditionCrossAttn(text)}
+        if sdxl:
+            conds["y"] = Condition(torch.randn(1, 2816, generator=gen))
+        with torch.no_grad():
+            return sampling_function.calc_cond_uncond_batch(unet.model, [{"model_conds": conds}], None, x,
+                                                            torch.full((2,), 5.0), unet.model_options)[0]
+
+    forges_own = misc.TomePatcher
+    current = {"choice": WebUIChoice()}
+    install(misc, forge_tome_patcher(lambda: current["choice"]))
+    for sdxl in (False, True):
+        name = "SDXL" if sdxl else "SD1"
+        unet = build(sdxl)
+        plain = run(unet, sdxl)
+        print(f"Forge {name}, Forge's own TomePatcher: change {float((run(forges_own().patch(unet, 0.5), sdxl) - plain).abs().max()):.4f}")
+        for choice in (WebUIChoice(), WebUIChoice(method="ToDo"), WebUIChoice(proportional_attention=True)):
+            current["choice"] = choice
+            patched = misc.TomePatcher().patch(model=unet, ratio=0.5)  # as Forge's apply_token_merging calls it
+            if patched is unet:
+                print(f"Forge {name} {choice}: refused, the pass runs unpatched")
+                continue
+            with tomesd.observe(patched) as seen:
+                out = run(patched, sdxl)
+            sites = sorted({(s, n, m) for c in seen.calls for b in c.blocks.values() for s, v in b.sites.items()
+                            for n, m in v})
+            left = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in unet.model.diffusion_model.modules())
+            print(f"Forge {name} {choice}: change {float((out - plain).abs().max()):.4f}, sites (tokens in, out) {sites}, "
+                  f"hooks left on the UNet {left}, unpatched output as before {torch.equal(run(unet, sdxl), plain)}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--a1111", help="A1111's modules/sd_models.py")
+    parser.add_argument("--forge", help="a folder holding Forge's backend/ and packages_3rdparty/")
+    parser.add_argument("--forge-deps", default="", help="a folder with gguf (Forge's backend imports it)")
+    parser.add_argument("--forge-args", nargs="*", default=[], help="Forge's own arguments (--attention-pytorch)")
+    args = parser.parse_args()
+    if args.a1111:
+        a1111(args.a1111)
+    if args.forge:
+        forge(args.forge, args.forge_deps, args.forge_args)
+
+
+if __name__ == "__main__":
+    main()

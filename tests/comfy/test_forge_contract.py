@@ -1,0 +1,83 @@
+"""The Forge side of the web UI extension (tomesd/webui/forge.py) on the ModelPatcher interface Forge shares with
+ComfyUI: `clone()`, `model_options`, `set_model_unet_function_wrapper`, and a sampler that calls
+`model_options["model_function_wrapper"](model.apply_model, {"input", "timestep", "c", ...})`. Forge's code is not
+installable here; ComfyUI 0.3.75 still serves that interface, so its ModelPatcher, UNet and KSampler stand in (Forge's
+own UnetPatcher and UNet were run once by hand: docs/webui.md). Each pass is Forge's: `TomePatcher().patch(model=unet,
+ratio=r)` on the pass's UNet patcher, then sampling with what it returned."""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+import comfy_host
+import tomesd
+
+comfy_host.import_comfy()
+
+from tomesd.webui.forge import ForgeToMe, forge_tome_patcher, install  # noqa: E402
+from tomesd.webui.a1111 import WebUIChoice  # noqa: E402
+
+
+def _hooks(model) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.model.diffusion_model.modules())
+
+
+def test_forges_passes_merge_on_their_clone_and_leave_the_unet_bare():
+    unet = comfy_host.sd1_patcher()[0]
+    plain = comfy_host.sample(unet)
+    said = []
+    patcher = forge_tome_patcher(lambda: WebUIChoice(), say=said.append)
+    outputs = []
+    for ratio in (0.5, 0.3):  # the base pass, the high-res pass
+        patched = patcher().patch(model=unet, ratio=ratio)
+        assert patched is not unet and isinstance(patched.model_options["model_function_wrapper"], ForgeToMe)
+        with tomesd.observe(patched) as seen:
+            outputs.append(comfy_host.sample(patched))
+        assert seen.calls and all(call.merged_blocks("attn") for call in seen.calls)
+        assert _hooks(unet) == 0 and "model_function_wrapper" not in unet.model_options
+    assert (outputs[0] - plain).abs().max() > 1e-3 and (outputs[1] - outputs[0]).abs().max() > 1e-4
+    assert torch.equal(comfy_host.sample(unet), plain) and not said
+    # Forge's clone deep-copies model_options: the copy's wrapper is the same one, and runs the same
+    clone = copy.deepcopy(patched.model_options)
+    assert clone["model_function_wrapper"] is patched.model_options["model_function_wrapper"]
+
+
+def test_todo_and_a_wrapper_the_unet_carried_already():
+    unet = comfy_host.sd1_patcher()[0].clone()
+    calls = []
+
+    def other(apply_model, params):  # another extension's wrapper, set before token merging
+        calls.append(params["input"].shape)
+        return apply_model(params["input"], params["timestep"], **params["c"])
+
+    unet.set_model_unet_function_wrapper(other)
+    plain = comfy_host.sample(unet)
+    patched = forge_tome_patcher(lambda: WebUIChoice(method="ToDo"))().patch(model=unet, ratio=0.5)
+    with tomesd.observe(patched) as seen:
+        out = comfy_host.sample(patched)
+    assert calls and (out - plain).abs().max() > 1e-3
+    assert any(n > m for call in seen.calls for block in call.blocks.values() for n, m in block.sites.get("downsample",
+                                                                                                          []))
+
+
+def test_what_forge_cannot_run_is_one_line_and_the_unet_unchanged():
+    unet = comfy_host.flux_patcher()[0]
+    said = []
+    back = forge_tome_patcher(lambda: WebUIChoice(), say=said.append)().patch(model=unet, ratio=0.5)
+    assert back is unet and "model_function_wrapper" not in unet.model_options and _hooks(unet) == 0
+    assert len(said) == 1 and said[0].startswith("[tomesd] token merging is off for this pass")
+    assert "Forge's UNets (SD1, SD2, SDXL)" in said[0]
+    sd1 = comfy_host.sd1_patcher()[0]
+    said.clear()
+    back = forge_tome_patcher(lambda: WebUIChoice(method="recommended"), size=lambda: (640, 640),
+                              say=said.append)().patch(model=sd1, ratio=0.5)
+    assert back is sd1 and len(said) == 1 and "sd1 at 640x640" in said[0]
+
+
+def test_install_replaces_forges_patcher_by_name():
+    import types
+
+    misc = types.SimpleNamespace(TomePatcher=object)
+    ours = forge_tome_patcher(WebUIChoice)
+    assert install(misc, ours) is object and misc.TomePatcher is ours
