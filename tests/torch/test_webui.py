@@ -168,7 +168,7 @@ def test_installing_over_a_model_tomesd_0_1_3_patched_unpatches_it_first():
 
 def test_forge_which_runs_its_own_copy_is_refused_by_name():
     forge_sd_models = types.SimpleNamespace(apply_token_merging=apply_token_merging)  # no `tomesd` there
-    with pytest.raises(RuntimeError, match="Forge runs its own copy"):
+    with pytest.raises(RuntimeError, match="Forge.s apply_token_merging runs its own copy"):
         install(forge_sd_models, WebUITomesd(WebUIChoice))
 
 

@@ -61,19 +61,16 @@ class WebUITomesd:
         self._size = size
         self._say = say
         self._attention = attention  # the web UI's attention where it cannot weigh merged keys (see choice_arguments)
-        self.refused: Optional[str] = None  # the last pass's refusal, for the extension's infotext
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._tomesd, name)
 
     def apply_patch(self, model: Any, ratio: float = 0.5, **webui_arguments: Any) -> Any:
-        self.refused = None
         try:
             arguments = self.arguments(model, ratio, webui_arguments)
             self._tomesd.apply_patch(model, **arguments)
         except REFUSALS as refusal:
             self._tomesd.remove_patch(model)
-            self.refused = str(refusal)
             self._say(refusal_line(refusal))
         return model
 
@@ -132,21 +129,22 @@ def refusal_line(refusal: Exception) -> str:
 def install(sd_models: Any, webui_tomesd: WebUITomesd) -> Any:
     """Points the web UI's `sd_models.tomesd` at `webui_tomesd`; returns what it was, for `uninstall`."""
     if not hasattr(sd_models, "apply_token_merging") or not hasattr(sd_models, "tomesd"):
-        raise RuntimeError("this web UI's modules.sd_models has no apply_token_merging calling tomesd (Forge runs "
-                           "its own copy, backend/misc/tomesd.py): the extension leaves its token merging as it is")
+        raise RuntimeError("this web UI's modules.sd_models has no apply_token_merging calling tomesd (Forge's "
+                           "apply_token_merging runs its own copy, which tomesd.webui.forge answers)")
     previous = sd_models.tomesd
-    applied = getattr(getattr(sd_models, "model_data", None), "sd_model", None)
-    if applied is not None and getattr(applied, "applied_token_merged_ratio", 0):
-        previous.remove_patch(applied)  # a model the old module patched: unpatched by it, patched anew next pass
-        applied.applied_token_merged_ratio = 0
+    _unpatch_loaded(sd_models, previous)  # a model the old module patched: unpatched by it, patched anew next pass
     sd_models.tomesd = webui_tomesd
     return previous
 
 
 def uninstall(sd_models: Any, previous: Any) -> None:
-    current = sd_models.tomesd
-    applied = getattr(getattr(sd_models, "model_data", None), "sd_model", None)
-    if applied is not None and getattr(applied, "applied_token_merged_ratio", 0):
-        current.remove_patch(applied)
-        applied.applied_token_merged_ratio = 0
+    _unpatch_loaded(sd_models, sd_models.tomesd)
     sd_models.tomesd = previous
+
+
+def _unpatch_loaded(sd_models: Any, module: Any) -> None:
+    """The web UI's loaded model, if `module` patched it, unpatched and marked so (its next pass patches again)."""
+    loaded = getattr(getattr(sd_models, "model_data", None), "sd_model", None)
+    if loaded is not None and getattr(loaded, "applied_token_merged_ratio", 0):
+        module.remove_patch(loaded)
+        loaded.applied_token_merged_ratio = 0

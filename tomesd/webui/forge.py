@@ -11,6 +11,7 @@ BasicTransformerBlocks. Its Flux is refused by name: its blocks call an attentio
 family here places."""
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable, Optional, Tuple
 
 from ..hosts.comfyui_patcher import ComfyToMe, _refuse_attn1_patches
@@ -77,8 +78,6 @@ def forge_tome_patcher(choice: Callable[[], WebUIChoice], size: Callable[[], Opt
 
 def _forge_attention() -> Optional[str]:
     """Forge's attention function where it is not its torch-SDPA one (xformers, sub-quadratic, split), else None."""
-    import sys
-
     attention = sys.modules.get("backend.attention")
     function = getattr(attention, "attention_function", None)
     name = getattr(function, "__name__", None)
