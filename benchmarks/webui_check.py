@@ -10,7 +10,8 @@ tested"): give it the code from the Forge repository (which holds A1111's histor
 A1111: its own `apply_token_merging` (its source, executed with its `tomesd` pointed at the extension's WebUITomesd)
 over the passes 0.5, 0.3, 0.5, 0 on the tiny LDM model. Forge: its own UnetPatcher, IntegratedUNet2DConditionModel
 (SD1- and SDXL-shaped, random weights) and `calc_cond_uncond_batch`, with `backend.misc.tomesd.TomePatcher` replaced
-as the extension does and called as Forge's `apply_token_merging` calls it. Prints the change each makes."""
+as the extension does and called as Forge's `apply_token_merging` calls it; its Flux too, and beside ComfyUI's Flux
+with the same weights. Prints the change each makes."""
 from __future__ import annotations
 
 import argparse
@@ -106,6 +107,80 @@ def forge(root: str, deps: str, forge_args: list) -> None:
                   f"hooks left on the UNet {left}, unpatched output as before {torch.equal(run(unet, sdxl), plain)}")
 
 
+def forge_flux() -> None:
+    """Forge's Flux (tiny, random weights): through Forge's sampling with the extension's TomePatcher, and beside
+    ComfyUI's Flux given the same weights, both patched by apply_patch (called after forge(): Forge imported)."""
+    import backend.misc.tomesd as misc
+    from backend.nn.flux import IntegratedFluxTransformer2DModel
+    from backend.patcher.unet import UnetPatcher
+    from backend.sampling import sampling_function
+    from backend.sampling.condition import Condition, ConditionCrossAttn
+    from diffusers import DDIMScheduler
+
+    import comfy_host
+    import tomesd
+    from tomesd.webui.a1111 import WebUIChoice
+    from tomesd.webui.forge import forge_tome_patcher, install
+
+    torch.manual_seed(0)
+    shape = dict(vec_in_dim=32, context_in_dim=32, hidden_size=64, mlp_ratio=4.0, num_heads=4, depth=2,
+                 depth_single_blocks=2, axes_dim=[4, 6, 6], theta=10000, qkv_bias=True, guidance_embed=False)
+    net = IntegratedFluxTransformer2DModel(in_channels=4, **shape)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.copy_(torch.randn_like(p) / p[0].numel() ** 0.5 if p.ndim >= 2 else 1 + 0.1 * torch.randn_like(p))
+    net.storage_dtype = net.computation_dtype = torch.float32
+    net.load_device = net.offload_device = net.initial_device = torch.device("cpu")
+    unet = UnetPatcher.from_model(net, DDIMScheduler(beta_schedule="scaled_linear"), config=None)
+    gen = torch.Generator().manual_seed(1)
+    x, text, pooled = torch.randn(2, 4, 16, 16, generator=gen), torch.randn(1, 5, 32, generator=gen), torch.randn(1, 32, generator=gen)
+
+    def run(u):
+        conds = {"c_crossattn": ConditionCrossAttn(text), "y": Condition(pooled)}
+        with torch.no_grad():
+            return sampling_function.calc_cond_uncond_batch(u.model, [{"model_conds": conds}], None, x,
+                                                            torch.full((2,), 5.0), u.model_options)[0]
+
+    plain = run(unet)
+    current = {"choice": WebUIChoice()}
+    install(misc, forge_tome_patcher(lambda: current["choice"]))
+    for choice in (WebUIChoice(), WebUIChoice(proportional_attention=True), WebUIChoice(method="ToDo")):
+        current["choice"] = choice
+        patched = misc.TomePatcher().patch(model=unet, ratio=0.5)
+        if patched is unet:
+            print(f"Forge Flux {choice}: refused, the pass runs unpatched")
+            continue
+        with tomesd.observe(patched) as seen:
+            out = run(patched)
+        sites = sorted({(s, n, m) for c in seen.calls for b in c.blocks.values() for s, v in b.sites.items()
+                        for n, m in v})
+        print(f"Forge Flux {choice}: change {float((out - plain).abs().max()):.4f}, sites {sites}, unpatched output "
+              f"as before {torch.equal(run(unet), plain)}")
+    comfy_host.import_comfy()
+    import comfy.ops
+    from comfy.ldm.flux.model import Flux
+
+    comfy_flux = Flux(in_channels=4, out_channels=4, patch_size=2, operations=comfy.ops.disable_weight_init,
+                      dtype=torch.float32, device="cpu", **shape)
+    comfy_flux.load_state_dict(net.state_dict())
+    t, context, y = torch.full((2,), 0.5), torch.randn(2, 5, 32, generator=gen), torch.randn(2, 32, generator=gen)
+
+    def call(model):
+        with torch.no_grad():
+            return model(x, t, context=context, y=y)
+
+    base = call(net)
+    print(f"Forge Flux against ComfyUI's Flux, same weights, unpatched: {float((base - call(comfy_flux)).abs().max()):.1e}")
+    for settings in (dict(ratio=0.5), dict(ratio=0.5, merge_mlp=True), dict(ratio=0.75, merge_mlp=True)):
+        outputs = []
+        for model in (net, comfy_flux):
+            tomesd.apply_patch(model, **settings)
+            outputs.append(call(model))
+            tomesd.remove_patch(model)
+        print(f"  {settings}: ToMe changes Forge's by {float((outputs[0] - base).abs().max()):.3f}, Forge's against "
+              f"ComfyUI's {float((outputs[0] - outputs[1]).abs().max()):.1e}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--a1111", help="A1111's modules/sd_models.py")
@@ -117,6 +192,7 @@ def main() -> None:
         a1111(args.a1111)
     if args.forge:
         forge(args.forge, args.forge_deps, args.forge_args)
+        forge_flux()
 
 
 if __name__ == "__main__":

@@ -62,17 +62,71 @@ def test_todo_and_a_wrapper_the_unet_carried_already():
 
 
 def test_what_forge_cannot_run_is_one_line_and_the_unet_unchanged():
-    unet = comfy_host.flux_patcher()[0]
+    unet = comfy_host.sd3_patcher()
     said = []
     back = forge_tome_patcher(lambda: WebUIChoice(), say=said.append)().patch(model=unet, ratio=0.5)
     assert back is unet and "model_function_wrapper" not in unet.model_options and _hooks(unet) == 0
     assert len(said) == 1 and said[0].startswith("[tomesd] token merging is off for this pass")
-    assert "Forge's UNets (SD1, SD2, SDXL)" in said[0]
+    assert "Forge's UNets (SD1, SD2, SDXL) and Flux" in said[0]
+    flux = comfy_host.flux_patcher()[0]
+    said.clear()
+    back = forge_tome_patcher(lambda: WebUIChoice(method="ToDo"), say=said.append)().patch(model=flux, ratio=0.5)
+    assert back is flux and len(said) == 1 and "mode='downsample' cannot run on DoubleStreamBlock" in said[0]
     sd1 = comfy_host.sd1_patcher()[0]
     said.clear()
     back = forge_tome_patcher(lambda: WebUIChoice(method="recommended"), size=lambda: (640, 640),
                               say=said.append)().patch(model=sd1, ratio=0.5)
     assert back is sd1 and len(said) == 1 and "sd1 at 640x640" in said[0]
+
+
+def _flux(cls):
+    import comfy.ops
+
+    torch.manual_seed(0)
+    net = cls(in_channels=4, out_channels=4, patch_size=2, vec_in_dim=32, context_in_dim=32, hidden_size=64,
+              mlp_ratio=4.0, num_heads=4, depth=2, depth_single_blocks=2, axes_dim=[4, 6, 6], theta=10000,
+              qkv_bias=True, guidance_embed=False, operations=comfy.ops.disable_weight_init, dtype=torch.float32,
+              device="cpu")
+    with torch.no_grad():
+        for p in net.parameters():
+            p.copy_(torch.randn_like(p) / p[0].numel() ** 0.5 if p.ndim >= 2 else 1 + 0.1 * torch.randn_like(p))
+    return net.eval()
+
+
+def test_forges_flux_reads_as_comfyuis_layout_patchified_by_two():
+    """Forge's Flux (backend.nn.flux.IntegratedFluxTransformer2DModel) is Black Forest Labs' code as ComfyUI's is,
+    under a name ending as diffusers' Flux's, patchified by a fixed 2 (it has no patch_size to read). Stand-in:
+    ComfyUI's Flux under that name and module; read as Forge's, not as diffusers' Flux (which would want img_ids),
+    the same weights patched as ComfyUI's give its output (Forge's own class, run by hand, equals ComfyUI's under
+    ToMe to 6e-6: docs/webui.md)."""
+    from comfy.ldm.flux.model import Flux
+
+    from tomesd.families import root_kind
+
+    stand_in = type("IntegratedFluxTransformer2DModel", (Flux,), {"__module__": "backend.nn.flux"})
+    forge_flux, comfy_flux = _flux(stand_in), _flux(Flux)
+    assert root_kind(forge_flux).family == "Flux (Forge)"
+    gen = torch.Generator().manual_seed(1)
+    x, t = torch.randn(2, 4, 16, 16, generator=gen), torch.full((2,), 0.5)
+    context, y = torch.randn(2, 5, 32, generator=gen), torch.randn(2, 32, generator=gen)
+
+    def run(net):
+        with torch.no_grad():
+            return net(x, t, context=context, y=y)
+
+    plain = run(forge_flux)
+    outputs = []
+    for net in (forge_flux, comfy_flux):
+        tomesd.apply_patch(net, ratio=0.5)
+        try:
+            with tomesd.observe(net) as seen:
+                outputs.append(run(net))
+        finally:
+            tomesd.remove_patch(net)
+    tokens = {n_m for call in seen.calls for block in call.blocks.values() for n_m in block.sites.get("attn", [])}
+    assert tokens == {(64, 32), (69, 37)}  # double blocks: the image's 64; single blocks: 5 text + 64 -> 5 + 32
+    assert (outputs[0] - plain).abs().max() > 0.1 and (outputs[0] - outputs[1]).abs().max() < 1e-5
+    assert torch.equal(run(forge_flux), plain)
 
 
 def test_install_replaces_forges_patcher_by_name():

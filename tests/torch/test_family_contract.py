@@ -280,8 +280,9 @@ def test_a_forward_on_the_meta_device_merges_without_reading_values(family):
 def test_every_root_kind_is_held_to_the_contract():
     """Each denoiser family the runtime knows (its root-kind table) has an entry in tests/families.py, so a
     family added to the runtime is tested by this file (refused roots excepted; ComfyUI's own model classes are
-    held to the contract of tests/comfy/test_comfyui.py)."""
+    held to the contract of tests/comfy/test_comfyui.py, Forge's to tests/comfy/test_forge_contract.py)."""
     from tomesd.families import ROOT_KINDS, UNET
 
-    known = {kind.family for kind in ROOT_KINDS + (UNET,) if not kind.refused and not kind.family.endswith("(ComfyUI)")}
+    known = {kind.family for kind in ROOT_KINDS + (UNET,)
+             if not kind.refused and not kind.family.endswith(("(ComfyUI)", "(Forge)"))}
     assert known == {family.root for family in FAMILIES.values()}

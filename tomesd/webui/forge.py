@@ -18,7 +18,8 @@ from ..hosts.comfyui_patcher import ComfyToMe, _refuse_attn1_patches
 from ..hosts.targets import PATCH_FINDERS
 from .a1111 import REFUSALS, WebUIChoice, choice_arguments, refusal_line
 
-UNET_BLOCKS = {"BasicTransformerBlock"}
+# Forge's UNets' blocks, and its Flux's (Black Forest Labs' layout, as ComfyUI's)
+FORGE_BLOCKS = {"BasicTransformerBlock", "DoubleStreamBlock", "SingleStreamBlock"}
 
 
 class ForgeToMe(ComfyToMe):
@@ -62,10 +63,9 @@ def forge_tome_patcher(choice: Callable[[], WebUIChoice], size: Callable[[], Opt
                 args = resolve(arguments.pop("config", None), arguments)
                 wrapper = ForgeToMe(args, previous=model.model_options.get("model_function_wrapper"))
                 patch = wrapper.prepare(net)  # the library's refusals, before the clone is made
-                if not set(patch.kind_names) <= UNET_BLOCKS:
+                if not set(patch.kind_names) <= FORGE_BLOCKS:
                     raise TypeError(f"{type(net).__name__} in Forge: this extension merges Forge's UNets (SD1, SD2, "
-                                    f"SDXL); Forge's Flux calls an attention function of Forge's own that no family "
-                                    f"here places. Set the token merging ratio to 0 for this model")
+                                    f"SDXL) and Flux. Set the token merging ratio to 0 for this model")
             except REFUSALS as refusal:
                 say(refusal_line(refusal))
                 return model

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Tuple
 
-from ...layouts.coordinates import Ids
+from ...layouts.coordinates import Ids, PatchGrid
 from ...layouts.entries import (NOT_YET, RUN_WITHOUT, BlockKind, Downsample, RootKind, Span, Sublayer,
                                comfy_rotates_inside)
 
@@ -194,6 +194,10 @@ ROOT_KINDS: Tuple[RootKind, ...] = (
     # Wan's): each patchifies (and pads) its latent inside, Flux with per-token rotary rows.
     RootKind("Flux (ComfyUI)", ("Flux",), "patchgrid",
              supported="ComfyUI's Flux and Flux.2 (comfy.ldm.flux.model.Flux)"),
+    # Forge's own Flux (its backend.nn.flux, under a name that ends as diffusers' does): the same layout, the latent
+    # patchified by a fixed 2 inside its forward (no patch_size to read: layout "forge_patchgrid", below).
+    RootKind("Flux (Forge)", ("IntegratedFluxTransformer2DModel",), "forge_patchgrid", module="backend.nn.flux",
+             supported="Forge's Flux (backend.nn.flux)"),
     # ComfyUI's Chroma: Flux's DoubleStreamBlock / SingleStreamBlock under its own root class (modulations from
     # the root's approximator), the latent patchified inside as Flux's.
     RootKind("Chroma (ComfyUI)", ("Chroma",), "patchgrid",
@@ -212,4 +216,8 @@ class CondIds(Ids):
         return super().image_tokens(call, x)
 
 
-LAYOUTS = {"ids_cond": CondIds}
+def _forge_patchgrid(root: Any, kind: RootKind, xp: Any) -> PatchGrid:
+    return PatchGrid(root, kind, xp, 2)
+
+
+LAYOUTS = {"ids_cond": CondIds, "forge_patchgrid": _forge_patchgrid}
