@@ -4,7 +4,8 @@ tested"): give it the code from the Forge repository (which holds A1111's histor
     git -C FORGE_REPO show d6228060:modules/sd_models.py > a1111_sd_models.py   # A1111 1.7-era
     git -C FORGE_REPO archive HEAD backend packages_3rdparty | tar -x -C forge/
     pip install --no-deps --target forge_deps gguf                               # Forge's backend imports it
-    PYTHONPATH=.:tests .venv-torch/bin/python benchmarks/webui_check.py --a1111 a1111_sd_models.py \
+    git -C GENERATIVE_MODELS_REPO archive HEAD sgm | tar -x -C sgm/              # A1111's SDXL code
+    PYTHONPATH=.:tests .venv-torch/bin/python benchmarks/webui_check.py --a1111 a1111_sd_models.py --sgm sgm \
         --forge forge --forge-deps forge_deps [--forge-args --attention-pytorch]
 
 A1111: its own `apply_token_merging` (its source, executed with its `tomesd` pointed at the extension's WebUITomesd)
@@ -41,6 +42,55 @@ def a1111(path: str) -> None:
                 changes.append(float((model.model.diffusion_model(x, t.expand(2), c) - plain).abs().max()))
         print(f"A1111 {choice.method}: largest change per pass {[round(v, 4) for v in changes]}, "
               f"{len(said)} console lines")
+
+
+def a1111_sdxl(a1111_path: str, sgm_root: str) -> None:
+    """A1111's SDXL: Stability's sgm UNet (SDXL-shaped, tiny, random weights) inside the shape of sgm's DiffusionEngine,
+    under A1111's own apply_token_merging: as shipped (tomesd 0.1.3) and with the extension."""
+    import types
+
+    import tomesd
+    from references import load_tomesd_ref
+    from tomesd.webui.a1111 import WebUIChoice, WebUITomesd
+
+    for name, folder in (("sgm", "sgm"), ("sgm.modules", "sgm/modules")):  # their __init__s import lightning, kornia
+        package = types.ModuleType(name)
+        package.__path__ = [f"{sgm_root}/{folder}"]
+        sys.modules[name] = package
+    from sgm.modules.diffusionmodules.openaimodel import UNetModel
+
+    torch.manual_seed(0)
+    net = UNetModel(in_channels=4, model_channels=32, out_channels=4, num_res_blocks=1, attention_resolutions=[2, 4],
+                    channel_mult=(1, 2, 2), num_head_channels=8, transformer_depth=[0, 1, 1], context_dim=32,
+                    use_linear_in_transformer=True, num_classes="sequential", adm_in_channels=64).eval()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.copy_(torch.randn_like(p) / p[0].numel() ** 0.5 if p.ndim >= 2 else 1 + 0.1 * torch.randn_like(p))
+    engine = torch.nn.Module()  # sgm's DiffusionEngine's shape: .model.diffusion_model, a conditioner
+    engine.model, engine.conditioner = torch.nn.Module(), torch.nn.Module()
+    engine.model.diffusion_model = net
+    source = open(a1111_path).read()
+    function = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)
+                    and n.name == "apply_token_merging")
+    gen = torch.Generator().manual_seed(1)
+    x, c, y = torch.randn(2, 4, 32, 32, generator=gen), torch.randn(2, 7, 32, generator=gen), torch.randn(2, 64, generator=gen)
+
+    def run():
+        with torch.no_grad():
+            return net(x, torch.full((2,), 10), context=c, y=y)
+
+    plain = run()
+    for label, module in [("as shipped (tomesd 0.1.3)", load_tomesd_ref())] + [
+            (str(choice), WebUITomesd(lambda choice=choice: choice)) for choice in
+            (WebUIChoice(), WebUIChoice(levels="4"), WebUIChoice(method="ToDo"), WebUIChoice(proportional_attention=True))]:
+        namespace = {"tomesd": module}
+        exec(ast.get_source_segment(source, function), namespace)
+        changes = []
+        for ratio in (0.5, 0.3, 0.5, 0):
+            namespace["apply_token_merging"](engine, ratio)
+            changes.append(round(float((run() - plain).abs().max()), 4))
+        left = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in net.modules())
+        print(f"A1111 SDXL (sgm) {label}: largest change per pass {changes}, hooks left {left}")
 
 
 def forge(root: str, deps: str, forge_args: list) -> None:
@@ -184,12 +234,15 @@ def forge_flux() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--a1111", help="A1111's modules/sd_models.py")
+    parser.add_argument("--sgm", help="a folder holding Stability's sgm/ (generative-models), for A1111's SDXL")
     parser.add_argument("--forge", help="a folder holding Forge's backend/ and packages_3rdparty/")
     parser.add_argument("--forge-deps", default="", help="a folder with gguf (Forge's backend imports it)")
     parser.add_argument("--forge-args", nargs="*", default=[], help="Forge's own arguments (--attention-pytorch)")
     args = parser.parse_args()
     if args.a1111:
         a1111(args.a1111)
+        if args.sgm:
+            a1111_sdxl(args.a1111, args.sgm)
     if args.forge:
         forge(args.forge, args.forge_deps, args.forge_args)
         forge_flux()
