@@ -95,6 +95,26 @@ def test_the_web_uis_cycle_runs_tomesd_0_1_3s_merge_and_leaves_nothing():
     assert torch.equal(outputs[3], plain) and not leftovers(model) and not said
 
 
+def test_tiles_of_many_sizes_in_one_pass_merge_and_stay_bounded():
+    """Tiled Diffusion (multidiffusion-upscaler) calls the web UI's patched model once per tile of a latent, edge tiles
+    in other sizes: each tile merges, the patch keeps at most kept_sizes (16) sizes, removal leaves nothing."""
+    model = T.ldm_model()
+    sd_models, _, said = webui()
+    apply_token_merging(sd_models, model, 0.5)
+    patch = getattr(model.model.diffusion_model, PATCH_ATTR)
+    sizes = [(h, w) for h in (8, 12, 16, 20, 24) for w in (8, 12, 16, 20)]  # 20 tile sizes
+    for h, w in sizes * 2:
+        x, t, c = T.unet_inputs(1, h, w)
+        with torch.no_grad(), tomesd.observe(model) as seen:
+            merged = model.model.diffusion_model(x, t.expand(1), c)
+        assert seen.calls[0].merged_blocks("attn"), (h, w)
+        assert len(patch.matcher.kept) <= patch.args.kept_sizes == 16
+    apply_token_merging(sd_models, model, 0)
+    with torch.no_grad():
+        assert (model.model.diffusion_model(x, t.expand(1), c) - merged).abs().max() > 1e-3
+    assert not leftovers(model) and not said
+
+
 def test_text_reaching_cross_attention_is_whole(text_lengths):
     model = T.ldm_model()
     seen = text_lengths(model)
