@@ -22,23 +22,30 @@ import sys
 import torch
 
 
+def _a1111_function(path: str, module) -> dict:
+    """A1111's own apply_token_merging, from its source, with its global `tomesd` set to `module`."""
+    source = open(path).read()
+    function = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)
+                    and n.name == "apply_token_merging")
+    namespace = {"tomesd": module}
+    exec(ast.get_source_segment(source, function), namespace)
+    return namespace["apply_token_merging"]
+
+
 def a1111(path: str) -> None:
     import tiny_torch as T
     from tomesd.webui.a1111 import WebUIChoice, WebUITomesd
 
-    source = open(path).read()
-    function = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)
-                    and n.name == "apply_token_merging")
     for choice in (WebUIChoice(), WebUIChoice(method="ToDo"), WebUIChoice(method="recommended")):
         said: list = []
-        namespace = {"tomesd": WebUITomesd(lambda: choice, size=lambda: (640, 640), say=said.append)}
-        exec(ast.get_source_segment(source, function), namespace)
+        apply_token_merging = _a1111_function(path, WebUITomesd(lambda: choice, size=lambda: (640, 640),
+                                                                say=said.append))
         model, (x, t, c) = T.ldm_model(), T.unet_inputs(2, 16, 16)
         with torch.no_grad():
             plain = model.model.diffusion_model(x, t.expand(2), c)
             changes = []
             for ratio in (0.5, 0.3, 0.5, 0):
-                namespace["apply_token_merging"](model, ratio)
+                apply_token_merging(model, ratio)
                 changes.append(float((model.model.diffusion_model(x, t.expand(2), c) - plain).abs().max()))
         print(f"A1111 {choice.method}: largest change per pass {[round(v, 4) for v in changes]}, "
               f"{len(said)} console lines")
@@ -69,9 +76,6 @@ def a1111_sdxl(a1111_path: str, sgm_root: str) -> None:
     engine = torch.nn.Module()  # sgm's DiffusionEngine's shape: .model.diffusion_model, a conditioner
     engine.model, engine.conditioner = torch.nn.Module(), torch.nn.Module()
     engine.model.diffusion_model = net
-    source = open(a1111_path).read()
-    function = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)
-                    and n.name == "apply_token_merging")
     gen = torch.Generator().manual_seed(1)
     x, c, y = torch.randn(2, 4, 32, 32, generator=gen), torch.randn(2, 7, 32, generator=gen), torch.randn(2, 64, generator=gen)
 
@@ -83,11 +87,10 @@ def a1111_sdxl(a1111_path: str, sgm_root: str) -> None:
     for label, module in [("as shipped (tomesd 0.1.3)", load_tomesd_ref())] + [
             (str(choice), WebUITomesd(lambda choice=choice: choice)) for choice in
             (WebUIChoice(), WebUIChoice(levels="4"), WebUIChoice(method="ToDo"), WebUIChoice(proportional_attention=True))]:
-        namespace = {"tomesd": module}
-        exec(ast.get_source_segment(source, function), namespace)
+        apply_token_merging = _a1111_function(a1111_path, module)
         changes = []
         for ratio in (0.5, 0.3, 0.5, 0):
-            namespace["apply_token_merging"](engine, ratio)
+            apply_token_merging(engine, ratio)
             changes.append(round(float((run() - plain).abs().max()), 4))
         left = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in net.modules())
         print(f"A1111 SDXL (sgm) {label}: largest change per pass {changes}, hooks left {left}")

@@ -1,8 +1,8 @@
 """The AUTOMATIC1111 web UI extension: this repository cloned into the web UI's `extensions` folder (Extensions ->
 Install from URL). The web UI's own token merging (its three ratio settings and their infotext) then runs this
 project's ToMe, with the choices of Settings -> "Token merging (tomesd)": ToDo, the levels that merge (auto makes
-SDXL merge), proportional attention, or the recommended setting. On Forge and reForge the same settings answer
-their own token merging (their TomePatcher) on their UNets. The logic is tomesd/webui/ (a1111.py, forge.py); this
+SDXL merge), proportional attention, or the recommended setting. On Forge the same settings answer its own token
+merging (its TomePatcher) on its UNets and Flux. The logic is tomesd/webui/ (a1111.py, forge.py); this
 file is the web UIs' side of it (settings, the script hook, loading the packages from the clone).
 
 The packages load from this clone, so the launcher's reinstall of its pinned tomesd 0.1.3 replaces nothing used
@@ -32,7 +32,18 @@ _OPTIONS = {
     "tomesd_todo_factor": (2, "ToDo factor per side", gr.Slider, {"minimum": 1, "maximum": 4, "step": 1},
                            "Token downsampling factor"),
 }
-_size = {"value": None}
+_pass = {"p": None}  # the generation under way (before_process), whose pass the patch is made for
+
+
+def _size():
+    """The pass's image size (the high-res pass's once it runs): recommend picks by it."""
+    p = _pass["p"]
+    if p is None:
+        return None
+    if getattr(p, "is_hr_pass", False) and getattr(p, "hr_upscale_to_x", 0):
+        return (p.hr_upscale_to_y, p.hr_upscale_to_x)
+    return (p.height, p.width)
+
 
 
 def _choice() -> WebUIChoice:
@@ -47,17 +58,20 @@ def _unweighed_attention():
     from modules import sd_hijack
 
     name = getattr(sd_hijack.model_hijack, "optimization_method", None)
-    return None if name in (None, "", "sdp", "sdp-no-mem") else name
+    return None if name in ("sdp", "sdp-no-mem") else (name or "its plain attention (no optimization)")
 
 
+_webui_tomesd = WebUITomesd(_choice, size=_size, attention=_unweighed_attention)
+_forge_patcher = None
 try:  # A1111: its sd_models.tomesd, called by its apply_token_merging
-    install(sd_models, WebUITomesd(_choice, size=lambda: _size["value"], attention=_unweighed_attention))
+    install(sd_models, _webui_tomesd)
 except RuntimeError:
-    try:  # Forge and reForge: their backend.misc.tomesd.TomePatcher, looked up at each pass
+    try:  # Forge: its backend.misc.tomesd.TomePatcher, looked up at each pass
         import backend.misc.tomesd as _forge_misc
         from tomesd.webui.forge import forge_tome_patcher, install as install_forge
 
-        install_forge(_forge_misc, forge_tome_patcher(_choice, size=lambda: _size["value"]))
+        _forge_patcher = forge_tome_patcher(_choice, size=_size)
+        install_forge(_forge_misc, _forge_patcher)
     except (ImportError, RuntimeError) as refusal:
         print(f"{PREFIX} this web UI calls no token merging the extension can answer ({refusal}): it does nothing")
 
@@ -78,10 +92,20 @@ class Script(scripts.Script):
     def show(self, is_img2img):
         return scripts.AlwaysVisible
 
+    def before_process(self, p, *args):  # before the web UI's first apply_token_merging of this generation
+        _pass["p"] = p
+        if _forge_patcher is None:
+            _webui_tomesd.refresh(p.sd_model)
+
     def process(self, p, *args):
-        _size["value"] = (p.height, p.width)
-        if p.get_token_merging_ratio() > 0:
+        merging = p.get_token_merging_ratio() > 0 or (getattr(p, "enable_hr", False)
+                                                      and p.get_token_merging_ratio(for_hr=True) > 0)
+        if merging:
             p.extra_generation_params.update(_choice().infotext())
 
-    def before_hr(self, p, *args):  # the high-res pass: the recommended setting is picked for its size
-        _size["value"] = (p.hr_upscale_to_y, p.hr_upscale_to_x)
+    def process_before_every_sampling(self, p, *args, **kwargs):  # Forge: after its built-in extensions' own
+        if _forge_patcher is None or p.get_token_merging_ratio(for_hr=getattr(p, "is_hr_pass", False)) <= 0:
+            return
+        from tomesd.webui.forge import rechain
+
+        p.sd_model.forge_objects.unet = rechain(p.sd_model.forge_objects.unet, _forge_patcher.last)

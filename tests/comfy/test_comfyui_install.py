@@ -67,7 +67,6 @@ print(json.dumps(dict(
     nodes=sorted(found), node_files=sorted({{sys.modules[c.__module__].__file__ for c in found.values()}}),
     tomesd=tomesd.__file__, tome_core=sys.modules["tome_core"].__file__,
     changed=float((merged - plain).abs().max()), merged_blocks=sum(len(c.merged_blocks("attn")) for c in seen.calls),
-    model_unpatched=not tomesd.is_patched(model) if hasattr(tomesd, "is_patched") else None,
     publisher=config.tool_comfy.publisher_id, display=config.tool_comfy.display_name,
     project=config.project.name, version=config.project.version,
     pack_dependencies=config.project.dependencies, pack_imports=pack_imports,

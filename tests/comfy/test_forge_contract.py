@@ -15,7 +15,7 @@ import tomesd
 
 comfy_host.import_comfy()
 
-from tomesd.webui.forge import ForgeToMe, forge_tome_patcher, install  # noqa: E402
+from tomesd.webui.forge import ForgeToMe, forge_tome_patcher, install, rechain  # noqa: E402
 from tomesd.webui.a1111 import WebUIChoice  # noqa: E402
 
 
@@ -77,6 +77,47 @@ def test_what_forge_cannot_run_is_one_line_and_the_unet_unchanged():
     back = forge_tome_patcher(lambda: WebUIChoice(method="recommended"), size=lambda: (640, 640),
                               say=said.append)().patch(model=sd1, ratio=0.5)
     assert back is sd1 and len(said) == 1 and "sd1 at 640x640" in said[0]
+
+
+def test_extensions_acting_after_token_merging():
+    """Forge's own extensions act in the same pass after token merging: a self-attention patch (PAG, SAG) runs the
+    pass unpatched with one line; a model function wrapper set over ours (MultiDiffusion) is put inside ours again."""
+    unet = comfy_host.sd1_patcher()[0]
+    said = []
+    patcher = forge_tome_patcher(lambda: WebUIChoice(), say=said.append)
+    patched = patcher().patch(model=unet, ratio=0.5)
+    attn1 = lambda q, k, v, extra_options: (q, k, v)  # noqa: E731  (an identity self-attention patch)
+    with_patch = patched.clone()
+    with_patch.set_model_attn1_patch(attn1)
+    plain_with_patch = unet.clone()
+    plain_with_patch.set_model_attn1_patch(attn1)
+    assert torch.equal(comfy_host.sample(with_patch), comfy_host.sample(plain_with_patch))
+    assert len(said) == 1 and "another node patches this model's self-attention" in said[0]
+
+    calls = []
+
+    def tiled(apply_model, params):  # the shape of MultiDiffusion's wrapper: it calls the model itself
+        calls.append(params["input"].shape)
+        return apply_model(params["input"], params["timestep"], **params["c"])
+
+    replaced = patched.clone()
+    replaced.set_model_unet_function_wrapper(tiled)
+    assert not isinstance(replaced.model_options["model_function_wrapper"], ForgeToMe)
+    again = rechain(replaced, patcher.last)
+    with tomesd.observe(again) as seen:
+        out = comfy_host.sample(again)
+    assert calls and seen.calls and all(call.merged_blocks("attn") for call in seen.calls)
+    assert torch.equal(out, comfy_host.sample(patched))  # an identity wrapper inside: ToMe's output
+    assert rechain(patched, patcher.last) is patched and rechain(replaced, None) is replaced
+
+
+def test_the_recommended_setting_on_forges_flux_is_flux_s():
+    flux = comfy_host.flux_patcher()[0]
+    said = []
+    patched = forge_tome_patcher(lambda: WebUIChoice(method="recommended"), say=said.append)().patch(model=flux,
+                                                                                                      ratio=0.5)
+    assert patched is not flux and not said  # the CPU pick for Flux at 1024 (ratio 0.5), not SD1's (downsampling)
+    assert patched.model_options["model_function_wrapper"].args.mode == "merge"
 
 
 def _flux(cls):

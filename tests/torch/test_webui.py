@@ -115,6 +115,27 @@ def test_tiles_of_many_sizes_in_one_pass_merge_and_stay_bounded():
     assert not leftovers(model) and not said
 
 
+def test_a_choice_changed_between_generations_patches_anew():
+    """A1111 patches again only when its ratio changes: before a generation the extension takes off a patch made for
+    another choice, so the next pass (same ratio) runs the new one."""
+    model = T.ldm_model()
+    current = {"choice": WebUIChoice()}
+    sd_models = types.SimpleNamespace(apply_token_merging=apply_token_merging, tomesd=ref,
+                                      model_data=types.SimpleNamespace(sd_model=None))
+    webui_tomesd = WebUITomesd(lambda: current["choice"])
+    install(sd_models, webui_tomesd)
+    tome = generate(sd_models, model, ratios=(0.5,))[0]
+    current["choice"] = WebUIChoice(method="ToDo")
+    webui_tomesd.refresh(model)  # the script's before_process
+    todo = generate(sd_models, model, ratios=(0.5,))[0]
+    expected = generate(webui(WebUIChoice(method="ToDo"))[0], T.ldm_model(), ratios=(0.5, 0))[0]
+    assert (todo - tome).abs().max() > 1e-3 and torch.equal(todo, expected)
+    webui_tomesd.refresh(model)  # same choice: the patch stays
+    assert model.applied_token_merged_ratio == 0.5
+    generate(sd_models, model, ratios=(0,))
+    assert not leftovers(model)
+
+
 def test_text_reaching_cross_attention_is_whole(text_lengths):
     model = T.ldm_model()
     seen = text_lengths(model)

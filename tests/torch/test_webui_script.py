@@ -73,6 +73,12 @@ out = dict(ours=getattr(sys.modules["tomesd"], "__version__", None), tomesd_file
            options={{k: [i.default, i.section[0], i.infotext] for k, i in shared.opts.infos.items()}})
 if {forge!r}:
     out["forge_patcher"] = misc.TomePatcher.__module__
+    unet = types.SimpleNamespace(model_options={{"model_function_wrapper": lambda apply_model, params: None}})
+    p = types.SimpleNamespace(get_token_merging_ratio=lambda for_hr=False: 0.5, is_hr_pass=False,
+                              sd_model=types.SimpleNamespace(forge_objects=types.SimpleNamespace(unet=unet)))
+    script.Script().before_process(p)
+    script.Script().process_before_every_sampling(p)  # no patch this pass: the UNet patcher stays as it was
+    out["unet_kept"] = p.sd_model.forge_objects.unet is unet
 else:
     out["answered_by"] = type(sd_models.tomesd).__name__
     import tiny_torch as T, torch
@@ -119,5 +125,5 @@ def test_a1111_loads_the_extension_over_its_pinned_tomesd():
 
 def test_forge_loads_the_extension_in_place_of_its_own_patcher():
     out = _load(forge=True)
-    assert out["forge_patcher"] == "tomesd.webui.forge"
+    assert out["forge_patcher"] == "tomesd.webui.forge" and out["unet_kept"]
     assert len(out["options"]) == 4

@@ -61,11 +61,13 @@ class WebUITomesd:
         self._size = size
         self._say = say
         self._attention = attention  # the web UI's attention where it cannot weigh merged keys (see choice_arguments)
+        self._applied: Optional[tuple] = None  # what the patch on the model was made for (refresh)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._tomesd, name)
 
     def apply_patch(self, model: Any, ratio: float = 0.5, **webui_arguments: Any) -> Any:
+        self._applied = self._made_for()
         try:
             arguments = self.arguments(model, ratio, webui_arguments)
             self._tomesd.apply_patch(model, **arguments)
@@ -74,20 +76,33 @@ class WebUITomesd:
             self._say(refusal_line(refusal))
         return model
 
+    def refresh(self, model: Any) -> None:
+        """Before a generation: the web UI patches again only when its ratio changes, so a patch made for another
+        choice (or, for the recommended setting, another size) is taken off, and the web UI's next pass patches anew."""
+        if getattr(model, "applied_token_merged_ratio", 0) and self._applied != self._made_for():
+            self._tomesd.remove_patch(model)
+            model.applied_token_merged_ratio = 0
+
+    def _made_for(self) -> tuple:
+        choice = self._choice()
+        return (choice, self._size()) if choice.method == "recommended" else (choice,)
+
     def remove_patch(self, model: Any) -> Any:
         return self._tomesd.remove_patch(model)
 
     def arguments(self, model: Any, ratio: float, webui_arguments: Dict[str, Any]) -> Dict[str, Any]:
         """This project's `apply_patch` arguments for the web UI's call under the current choice."""
-        return choice_arguments(self._choice(), ratio, webui_arguments, sdxl=lambda: _is_sdxl(model),
-                                device=lambda: _device_of(model), size=self._size, attention=self._attention)
+        return choice_arguments(self._choice(), ratio, webui_arguments,
+                                family=lambda: "sdxl" if _is_sdxl(model) else "sd1", device=lambda: _device_of(model),
+                                size=self._size, attention=self._attention)
 
 
-def choice_arguments(choice: WebUIChoice, ratio: float, webui_arguments: Dict[str, Any], sdxl: Callable[[], bool],
+def choice_arguments(choice: WebUIChoice, ratio: float, webui_arguments: Dict[str, Any], family: Callable[[], str],
                      device: Callable[[], str], size: Callable[[], Optional[Tuple[int, int]]],
                      attention: Callable[[], Optional[str]] = lambda: None) -> Dict[str, Any]:
     """`apply_patch` arguments for a web UI's ratio (and the arguments its call gave) under `choice`; the model's
-    facts are asked for only where the choice needs them (the recommended setting: family, device and size).
+    facts are asked for only where the choice needs them (the recommended setting: family, device and size; it keeps
+    the web UI's use_rand, which A1111 fixes at False).
     `attention` names the web UI's attention where it makes no call of torch's SDPA, which weighs merged keys
     (xformers, sub-quadratic, ...; None where it does): proportional attention is refused there, before the pass,
     instead of at its first call."""
@@ -95,7 +110,10 @@ def choice_arguments(choice: WebUIChoice, ratio: float, webui_arguments: Dict[st
 
     levels = None if str(choice.levels) == "auto" else int(choice.levels)
     if choice.method == "recommended":
-        return dict(config=tomesd.recommend(family="sdxl" if sdxl() else "sd1", size=size(), device=device()))
+        config = tomesd.recommend(family=family(), size=size(), device=device())
+        if isinstance(config, tomesd.ToMeConfig) and "use_rand" in webui_arguments:
+            config = dataclasses.replace(config, use_rand=webui_arguments["use_rand"])
+        return dict(config=config)
     if choice.method == "ToDo":
         return dict(mode="downsample", downsample_factor=choice.todo_factor, max_downsample=levels)
     arguments = dict(webui_arguments, ratio=ratio)

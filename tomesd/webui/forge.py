@@ -1,14 +1,19 @@
-"""Forge (and reForge): their token merging answered by this project (the extension: scripts/tomesd_webui.py).
+"""Forge: its token merging answered by this project (the extension: scripts/tomesd_webui.py).
 
 Forge keeps A1111's three ratio settings and infotext, but its `apply_token_merging` runs its own copy of ComfyUI's
-ToMe: each pass it calls `backend.misc.tomesd.TomePatcher().patch(model=unet, ratio=r)` on a fresh clone of its
-`UnetPatcher` (a ComfyUI-style ModelPatcher) and samples with what comes back. The extension points that name at a
-class `forge_tome_patcher` makes: its `patch` returns a clone carrying a `model_function_wrapper` (the ModelPatcher
+ToMe: each pass it calls `backend.misc.tomesd.TomePatcher().patch(model=unet, ratio=r)` on the pass's `UnetPatcher` (a
+ComfyUI-style ModelPatcher) and samples with what comes back. The extension points that name at a class
+`forge_tome_patcher` makes: its `patch` returns a clone carrying a `model_function_wrapper` (the ModelPatcher
 interface Forge shares with ComfyUI, which still calls it), and around each model call of that clone the wrapper puts
 the patch's hooks on the diffusion model and takes them off again, as comfyui_patcher.ComfyToMe does around
-ComfyUI's calls. The blocks and sites are the ones every host uses (tomesd/families/): Forge's UNet's
-BasicTransformerBlocks. Its Flux is refused by name: its blocks call an attention function of Forge's own, which no
-family here places."""
+ComfyUI's calls. The blocks and sites are the ones every host uses (tomesd/families/): Forge's UNets'
+BasicTransformerBlocks and its Flux's blocks (root kind "Flux (Forge)"). reForge, whose token merging lives under
+other module names, is not covered.
+
+Forge's own extensions may act after token merging in the same pass: one that sets a self-attention patch (PAG, SAG,
+StyleAlign) makes the wrapper run those calls unpatched, saying so once; one that sets its own model function wrapper
+(MultiDiffusion) replaces ours, which `rechain` then puts back around it (the extension's script calls it in its
+`process_before_every_sampling`, which runs after the built-in extensions')."""
 from __future__ import annotations
 
 import sys
@@ -26,9 +31,11 @@ class ForgeToMe(ComfyToMe):
     """The `model_function_wrapper` of one patched clone: `previous`, a wrapper the model carried already, runs
     inside it."""
 
-    def __init__(self, args: Any, previous: Optional[Callable] = None) -> None:
+    def __init__(self, args: Any, previous: Optional[Callable] = None, say: Callable[[str], None] = print) -> None:
         super().__init__(args)
         self.previous = previous
+        self._say = say
+        self._said = False
 
     def __deepcopy__(self, memo: dict) -> "ForgeToMe":
         return self  # Forge's clone deep-copies model_options: its clones share this wrapper as ComfyUI's do
@@ -37,31 +44,44 @@ class ForgeToMe(ComfyToMe):
         """model_options["model_function_wrapper"](model.apply_model, {"input", "timestep", "c", ...})."""
         net = apply_model.__self__.diffusion_model
         patch = self.prepare(net)
-        _refuse_attn1_patches(patch, params["c"].get("transformer_options", {}))
+        try:
+            _refuse_attn1_patches(patch, params["c"].get("transformer_options", {}))
+        except ValueError as refusal:  # another extension's self-attention patch, set after token merging
+            if not self._said:
+                self._said = True
+                self._say(refusal_line(refusal))
+            return self._inner(apply_model, params)
         patch.install(mark=False)
         try:
-            if self.previous is not None:
-                return self.previous(apply_model, params)
-            return apply_model(params["input"], params["timestep"], **params["c"])
+            return self._inner(apply_model, params)
         finally:
             patch.detach()
+
+    def _inner(self, apply_model: Callable, params: dict) -> Any:
+        if self.previous is not None:
+            return self.previous(apply_model, params)
+        return apply_model(params["input"], params["timestep"], **params["c"])
 
 
 def forge_tome_patcher(choice: Callable[[], WebUIChoice], size: Callable[[], Optional[Tuple[int, int]]] = lambda: None,
                        say: Callable[[str], None] = print) -> type:
-    """A class to stand where Forge's `backend.misc.tomesd.TomePatcher` stood: `TomePatcher().patch(model, ratio)`."""
+    """A class to stand where Forge's `backend.misc.tomesd.TomePatcher` stood: `TomePatcher().patch(model, ratio)`.
+    `TomePatcher.last` is the wrapper its latest patch put on (None after a refusal), for `rechain` in that pass."""
     from ..patch import resolve
 
     class TomePatcher:
+        last: Optional[ForgeToMe] = None
+
         def patch(self, model: Any, ratio: float) -> Any:
             net = model.model.diffusion_model
+            TomePatcher.last = None
             try:
                 arguments = choice_arguments(
-                    choice(), ratio, dict(use_rand=False), sdxl=lambda: _is_sdxl(net),
+                    choice(), ratio, dict(use_rand=False), family=lambda: _family(net),
                     device=lambda: str(getattr(model, "load_device", "cpu")).split(":")[0], size=size,
                     attention=_forge_attention)
                 args = resolve(arguments.pop("config", None), arguments)
-                wrapper = ForgeToMe(args, previous=model.model_options.get("model_function_wrapper"))
+                wrapper = ForgeToMe(args, previous=model.model_options.get("model_function_wrapper"), say=say)
                 patch = wrapper.prepare(net)  # the library's refusals, before the clone is made
                 if not set(patch.kind_names) <= FORGE_BLOCKS:
                     raise TypeError(f"{type(net).__name__} in Forge: this extension merges Forge's UNets (SD1, SD2, "
@@ -71,6 +91,7 @@ def forge_tome_patcher(choice: Callable[[], WebUIChoice], size: Callable[[], Opt
                 return model
             clone = model.clone()
             clone.set_model_unet_function_wrapper(wrapper)
+            TomePatcher.last = wrapper
             return clone
 
     return TomePatcher
@@ -84,11 +105,28 @@ def _forge_attention() -> Optional[str]:
     return None if name in (None, "attention_pytorch") else name
 
 
-def _is_sdxl(net: Any) -> bool:
-    """Forge's (and ComfyUI's) UNet config: SDXL's added embeddings come in by `adm_in_channels` (2816)."""
+def _family(net: Any) -> str:
+    """recommend's family of Forge's diffusion model: Flux by its blocks; SDXL by its UNet config's added embeddings
+    (`adm_in_channels`, 2816); else SD1/SD2."""
+    if any(type(module).__name__ == "DoubleStreamBlock" for module in net.modules()):
+        return "flux"
     config = getattr(net, "config", None)
     channels = getattr(config, "adm_in_channels", None) if config is not None else getattr(net, "adm_in_channels", None)
-    return bool(channels) and int(channels) >= 2048
+    return "sdxl" if channels and int(channels) >= 2048 else "sd1"
+
+
+def rechain(unet: Any, wrapper: Optional[ForgeToMe]) -> Any:
+    """`unet` (the pass's UNet patcher) as the sampler will get it: where another extension set its own model
+    function wrapper after token merging put `wrapper` there, a clone whose wrapper is a copy of `wrapper` holding
+    that one inside it (its calls then run merged); else `unet` itself."""
+    current = unet.model_options.get("model_function_wrapper")
+    if wrapper is None or current is None or isinstance(current, ForgeToMe):
+        return unet
+    again = ForgeToMe(wrapper.args, previous=current, say=wrapper._say)
+    again._patches, again._lock = wrapper._patches, wrapper._lock  # the pass's patch, built once
+    clone = unet.clone()
+    clone.set_model_unet_function_wrapper(again)
+    return clone
 
 
 def forge_patches(obj: Any) -> list:
