@@ -45,7 +45,6 @@ def _size():
     return (p.height, p.width)
 
 
-
 def _choice() -> WebUIChoice:
     data = shared.opts.data
     return WebUIChoice(method=data.get("tomesd_method", "ToMe"), levels=str(data.get("tomesd_levels", "auto")),

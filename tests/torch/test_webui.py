@@ -66,21 +66,6 @@ def leftovers(model):
     return found
 
 
-@pytest.fixture
-def text_lengths(request):
-    """The token count of every context reaching a cross-attention (attn2) of the model under test."""
-    seen = []
-
-    def attach(model):
-        for name, module in model.named_modules():
-            if name.endswith("attn2"):
-                module.register_forward_pre_hook(lambda m, a, k: seen.append(k.get("context", a[1] if len(a) > 1
-                                                                                   else None).shape[1]),
-                                                 with_kwargs=True)
-        return seen
-    return attach
-
-
 def test_the_web_uis_cycle_runs_tomesd_0_1_3s_merge_and_leaves_nothing():
     model = T.ldm_model()
     plain = denoise(model)
@@ -136,12 +121,21 @@ def test_a_choice_changed_between_generations_patches_anew():
     assert not leftovers(model)
 
 
-def test_text_reaching_cross_attention_is_whole(text_lengths):
+def test_image_tokens_merge_and_the_text_reaching_cross_attention_is_whole():
     model = T.ldm_model()
-    seen = text_lengths(model)
+    contexts = []
+    for name, module in model.named_modules():
+        if name.endswith("attn2"):  # the text, as every cross-attention gets it
+            module.register_forward_pre_hook(lambda m, a, k: contexts.append(k["context"].shape[1]), with_kwargs=True)
     sd_models, _, _ = webui(WebUIChoice(levels="2", proportional_attention=True))
-    generate(sd_models, model, ratios=(0.5, 0))
-    assert seen and set(seen) == {INPUTS[2].shape[1]}
+    apply_token_merging(sd_models, model, 0.5)
+    with tomesd.observe(model) as seen:
+        denoise(model)
+    apply_token_merging(sd_models, model, 0)
+    merged = {n_m for call in seen.calls for block in call.blocks.values() for n_m in block.sites.get("attn", [])}
+    assert merged and all(m < n for n, m in merged)  # both levels' image tokens merged ...
+    assert len(merged) == 2
+    assert contexts and set(contexts) == {INPUTS[2].shape[1]}  # ... and all 7 text tokens reach every attn2
 
 
 @pytest.mark.parametrize("choice", [WebUIChoice(method="ToDo"), WebUIChoice(levels="2"),

@@ -57,6 +57,12 @@ class ForgeToMe(ComfyToMe):
         finally:
             patch.detach()
 
+    def around(self, previous: Callable) -> "ForgeToMe":
+        """This wrapper's settings and patch (built once) around `previous`, another extension's wrapper."""
+        again = ForgeToMe(self.args, previous=previous, say=self._say)
+        again._patches, again._lock = self._patches, self._lock
+        return again
+
     def _inner(self, apply_model: Callable, params: dict) -> Any:
         if self.previous is not None:
             return self.previous(apply_model, params)
@@ -122,10 +128,8 @@ def rechain(unet: Any, wrapper: Optional[ForgeToMe]) -> Any:
     current = unet.model_options.get("model_function_wrapper")
     if wrapper is None or current is None or isinstance(current, ForgeToMe):
         return unet
-    again = ForgeToMe(wrapper.args, previous=current, say=wrapper._say)
-    again._patches, again._lock = wrapper._patches, wrapper._lock  # the pass's patch, built once
     clone = unet.clone()
-    clone.set_model_unet_function_wrapper(again)
+    clone.set_model_unet_function_wrapper(wrapper.around(current))
     return clone
 
 
